@@ -1,0 +1,14 @@
+"""neuron_port: reusable primitives for porting Hugging Face decoder models to AWS Inferentia2.
+
+Everything here imports and runs on a plain CPU. The Neuron SDK (torch-neuronx,
+neuronx-distributed) is an optional backend, imported lazily only where it is used.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from neuron_port.configs import load_config
+from neuron_port.layout import Layout, LayerSpec, describe
+
+__all__ = ["__version__", "load_config", "describe", "Layout", "LayerSpec"]

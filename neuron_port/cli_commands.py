@@ -1,0 +1,3 @@
+"""Subcommands beyond ``describe``: each registers itself with :mod:`neuron_port.cli`."""
+
+from __future__ import annotations

@@ -1,0 +1,123 @@
+"""Build and load the real Hugging Face model classes (random weights or a local directory).
+
+Nothing here reaches a model hub: random-weight models are built from a config and a seed,
+and real ones are read from a local directory (``config.json`` plus ``*.safetensors``).
+Eager attention is forced on the config (and on a wrapper's ``text_config``) so the CPU
+reference never takes a fused path.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+from tqdm import tqdm
+
+from neuron_port.buffers import restore_buffers
+from neuron_port.configs import config_to_dict, load_config
+from neuron_port.families import family_for
+
+
+def force_eager(config: Any, implementation: str = "eager") -> None:
+    """Set the attention implementation on a config and on its ``text_config``."""
+    config._attn_implementation = implementation
+    text = getattr(config, "text_config", None)
+    if text is not None:
+        text._attn_implementation = implementation
+
+
+def build_model(config: Any, seed: int = 0, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """A CausalLM with random weights drawn from ``seed``.
+
+    ``layer_scalar`` buffers get seeded values in [0.5, 1.0) instead of the default 1.0 so
+    that a parameter-only load (which resets them) visibly changes the output.
+    """
+    family = family_for(config.model_type)
+    force_eager(config)
+    torch.manual_seed(seed)
+    model = family.causal_lm_class(config.model_type)(config)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for layer in family.decoder_layers(model):
+            scalar = getattr(layer, family.layer_scalar_name())
+            scalar.copy_(0.5 + 0.5 * torch.rand(scalar.shape, generator=gen))
+    return model.to(dtype).eval()
+
+
+def model_from_name(name: str, tiny: bool = False, seed: int = 0, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Random weights for a shipped name, or real weights for a local model directory."""
+    path = Path(name)
+    if path.is_dir() and any(path.glob("*.safetensors")):
+        if tiny:
+            raise ValueError(f"--tiny applies to shipped configs, not to the model directory {name}")
+        return load_model_dir(path, dtype=dtype)
+    return build_model(load_config(name, tiny=tiny), seed=seed, dtype=dtype)
+
+
+def read_checkpoint(model_dir: str | Path, family=None) -> dict[str, torch.Tensor]:
+    """Every text tensor of a directory's safetensors files, keys as the text CausalLM names them."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
+    state: dict[str, torch.Tensor] = {}
+    for path in tqdm(files, desc="reading weights", unit="file", disable=len(files) < 2):
+        with safe_open(str(path), framework="pt") as fh:
+            for key in fh.keys():
+                norm = family.normalize_key(key) if family is not None else key
+                if norm is not None:
+                    state[norm] = fh.get_tensor(key)
+    return state
+
+
+def load_model_dir(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """A CausalLM from a local directory, buffers (``layer_scalar``) restored from the checkpoint."""
+    config = load_config(model_dir)
+    family = family_for(config.model_type)
+    force_eager(config)
+    with torch.device("meta"):
+        model = family.causal_lm_class(config.model_type)(config)
+    model = model.to_empty(device="cpu")
+    state = read_checkpoint(model_dir, family)
+    if "lm_head.weight" not in state and family.word_embedding_key() in state:
+        state["lm_head.weight"] = state[family.word_embedding_key()]
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=False)
+    missing = [m for m in missing if not m.endswith(("embed_scale", "inv_freq"))]
+    params = {n for n, _ in model.named_parameters()}
+    if any(m in params for m in missing):
+        raise KeyError(f"{model_dir}: checkpoint lacks parameters {sorted(m for m in missing if m in params)[:5]}")
+    model.tie_weights()
+    restore_buffers(model, state)
+    # Non-persistent buffers (RoPE tables, embed scales) were never in the checkpoint: recompute them.
+    _reinit_nonpersistent(model, config)
+    return model.to(dtype).eval()
+
+
+def _reinit_nonpersistent(model: nn.Module, config: Any) -> None:
+    family = family_for(config.model_type)
+    text = family.text_model(model)
+    text.rotary_emb = type(text.rotary_emb)(config)
+    hidden = float(config.hidden_size) ** 0.5
+    text.embed_tokens.embed_scale = torch.tensor(hidden)
+    ple = family.per_layer_embedding(model)
+    if ple is not None:
+        ple.embed_scale = torch.tensor(float(family.per_layer_input_size(config)) ** 0.5)
+
+
+def save_model_dir(model: nn.Module, out_dir: str | Path) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (buffers included) for a text CausalLM."""
+    family = family_for(model.config.model_type)
+    config = family.text_config_of(model)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(config_to_dict(config), indent=2))
+    return out
+
+
+__all__ = ["force_eager", "build_model", "model_from_name", "read_checkpoint", "load_model_dir", "save_model_dir"]
