@@ -1,0 +1,68 @@
+"""The attention function the static graphs use: eager math plus a static KV-head gather.
+
+Registered with Hugging Face's attention interface as ``neuron_port_eager``. It is plain
+matmul / mask / softmax / matmul (no fused kernel, which overflows the Neuron compiler's SBUF
+for long sliding windows). When a tensor-parallel rank's query heads do not map uniformly
+onto its KV heads, the attention module carries a constant one-hot matrix ``np_kv_expand``
+``[local_q, local_kv]`` and K/V are expanded by a matmul with it — a static, trace-safe gather.
+Otherwise K/V are repeated ``num_key_value_groups`` times, exactly as Hugging Face's eager path.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+NAME = "neuron_port_eager"
+
+
+def expand_kv(states: torch.Tensor, module: nn.Module) -> torch.Tensor:
+    """[batch, local_kv, seq, head_dim] -> [batch, local_q, seq, head_dim]."""
+    expand = getattr(module, "np_kv_expand", None)
+    if expand is not None:
+        return torch.einsum("qk,bksd->bqsd", expand.to(states.dtype), states)
+    groups = int(module.num_key_value_groups)
+    if groups == 1:
+        return states
+    b, h, s, d = states.shape
+    return states[:, :, None].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
+
+
+def static_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    softcap: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """query [b, q_heads, q_len, d], key/value [b, kv_heads, kv_len, d], mask [b, 1, q_len, kv_len].
+
+    Returns ([b, q_len, q_heads, d], attention weights).
+    """
+    if scaling is None:
+        scaling = module.head_dim**-0.5
+    k = expand_kv(key, module)
+    v = expand_kv(value, module)
+    scores = torch.matmul(query, k.transpose(2, 3)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(weights, v).transpose(1, 2).contiguous()
+    return out, weights
+
+
+def register() -> str:
+    """Register the function with transformers (idempotent); returns its name."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, static_attention)
+    return NAME
+
+
+__all__ = ["NAME", "static_attention", "expand_kv", "register"]

@@ -1,0 +1,149 @@
+"""Static-shape prefill and decode graphs over the Hugging Face text forward itself.
+
+The graphs call the real ``transformers`` decoder stack (so KV sharing, per-layer inputs,
+per-type RoPE and head sizes come for free) with three substitutions:
+
+* a static KV store (owners only; sliding owners as rings) passed in and returned as
+  explicit tensors, written by one-hot blends through Hugging Face's ``cache.update`` hook;
+* host-built masks per attention type, handed over as the pre-built mask mapping;
+* no embedding tables and no softcap: embeddings come in as activations and the graph ends
+  at raw logits of the tied head for each row's last real token.
+
+Inputs, in order (``INPUT_NAMES``)::
+
+    inputs_embeds   [batch, seq, hidden]
+    per_layer       [batch, seq, layers, per_layer]   (per_layer = 0 without PLE)
+    position_ids    [batch, seq]
+    mask_full       [batch, 1, seq, kv_len or seq]
+    mask_sliding    [batch, 1, seq, ring or seq]
+    write_full      [batch, seq, kv_len]
+    write_sliding   [batch, seq, ring or kv_len]
+    last_onehot     [batch, seq]
+    *kv             K of every owner, then V of every owner  [batch, n_kv, slots, head_dim]
+
+Outputs: ``(logits [batch, vocab], *kv)``; input ``8 + j`` aliases output ``1 + j``.
+``seq`` is the prompt bucket for prefill and 1 for decode.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from neuron_port import attention
+from neuron_port.families import family_for
+from neuron_port.kvcache import KVStoreSpec, onehot_write
+from neuron_port.models import force_eager
+
+INPUT_NAMES = (
+    "inputs_embeds",
+    "per_layer",
+    "position_ids",
+    "mask_full",
+    "mask_sliding",
+    "write_full",
+    "write_sliding",
+    "last_onehot",
+)
+FIRST_KV_INPUT = len(INPUT_NAMES)
+
+
+class OneHotCache:
+    """Hugging Face cache protocol over the static store (built fresh inside each forward).
+
+    ``update`` writes a layer's new K/V into its buffer with a one-hot blend. In prefill it
+    returns the fresh prompt K/V (the prompt attends itself; a ring could not hold a prompt
+    longer than the window); in decode it returns the updated buffers.
+    """
+
+    def __init__(self, spec: KVStoreSpec, kv: tuple[torch.Tensor, ...], writes: dict[str, torch.Tensor], prefill: bool):
+        n = len(spec.slots)
+        self.index = {slot.layer: j for j, slot in enumerate(spec.slots)}
+        self.kinds = {slot.layer: slot.attention for slot in spec.slots}
+        self.keys = list(kv[:n])
+        self.values = list(kv[n:])
+        self.writes = writes
+        self.prefill = prefill
+        self.is_compileable = False
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        j = self.index[layer_idx]
+        write = self.writes[self.kinds[layer_idx]]
+        self.keys[j] = onehot_write(self.keys[j], key_states, write)
+        self.values[j] = onehot_write(self.values[j], value_states, write)
+        if self.prefill:
+            return key_states, value_states
+        return self.keys[j], self.values[j]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+    def outputs(self) -> list[torch.Tensor]:
+        return self.keys + self.values
+
+
+class StaticLMGraph(nn.Module):
+    """One static graph (prefill or decode) over a Hugging Face CausalLM.
+
+    The wrapped model is switched to the ``neuron_port_eager`` attention function; give the
+    graph its own model instance (the CPU reference keeps Hugging Face's eager path).
+    """
+
+    def __init__(self, model: nn.Module, spec: KVStoreSpec, prefill: bool, seq: int):
+        super().__init__()
+        self.family = family_for(model.config.model_type)
+        force_eager(model.config, attention.register())
+        self.model = model
+        self.spec = spec
+        self.prefill = prefill
+        self.seq = seq
+        self.has_ple = self.family.per_layer_input_size(self.family.text_config_of(model)) > 0
+
+    @property
+    def aliases(self) -> dict[int, int]:
+        """Input index -> output index of every KV tensor (for a device-resident store)."""
+        return {FIRST_KV_INPUT + j: 1 + j for j in range(2 * len(self.spec.slots))}
+
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,
+        per_layer: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask_full: torch.Tensor,
+        mask_sliding: torch.Tensor,
+        write_full: torch.Tensor,
+        write_sliding: torch.Tensor,
+        last_onehot: torch.Tensor,
+        *kv: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        cache = OneHotCache(self.spec, kv, {"full": write_full, "sliding": write_sliding}, self.prefill)
+        extra = {"per_layer_inputs": per_layer} if self.has_ple else {}
+        out = self.family.text_model(self.model)(
+            inputs_embeds=inputs_embeds,
+            attention_mask={"full_attention": mask_full, "sliding_attention": mask_sliding},
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=True,
+            **extra,
+        )
+        hidden = out.last_hidden_state  # [batch, seq, hidden]
+        last = torch.einsum("bs,bsh->bh", last_onehot.to(hidden.dtype), hidden)
+        logits = last @ self.family.lm_head_weight(self.model).t()
+        return (logits, *cache.outputs())
+
+
+class PrefillGraph(StaticLMGraph):
+    """Prefill over a right-padded prompt bucket of ``bucket`` tokens."""
+
+    def __init__(self, model: nn.Module, spec: KVStoreSpec, bucket: int):
+        super().__init__(model, spec, prefill=True, seq=bucket)
+
+
+class DecodeGraph(StaticLMGraph):
+    """Decode of one token per row against the store."""
+
+    def __init__(self, model: nn.Module, spec: KVStoreSpec):
+        super().__init__(model, spec, prefill=False, seq=1)
+
+
+__all__ = ["INPUT_NAMES", "FIRST_KV_INPUT", "OneHotCache", "StaticLMGraph", "PrefillGraph", "DecodeGraph"]

@@ -1,0 +1,114 @@
+"""Static KV store for KV-owner layers only, with one-hot writes and ring buffers.
+
+Only layers that own K/V allocate a buffer; KV-shared layers read their source layer's
+buffer. Full-attention owners hold ``kv_len`` slots; sliding owners hold a ring of
+``window`` slots (position ``p`` lives in slot ``p % window``). Every write is a one-hot
+blend — ``buf * (1 - hit) + onehot @ new`` — with no scatter and no data-dependent indexing,
+so the same code traces into a static device graph.
+
+Buffers are ``[batch, n_kv, slots, head_dim]``; one K and one V buffer per owner layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from neuron_port.layout import Layout
+
+
+@dataclass(frozen=True)
+class KVSlotSpec:
+    """The K (and V) buffer of one owner layer: ``[batch, n_kv, slots, head_dim]``."""
+
+    layer: int
+    attention: str  # "sliding" | "full"
+    n_kv: int
+    head_dim: int
+    slots: int
+    ring: bool
+
+    def shape(self, batch: int) -> tuple[int, int, int, int]:
+        return (batch, self.n_kv, self.slots, self.head_dim)
+
+    def bytes(self, batch: int, dtype_bytes: int) -> int:
+        """K plus V bytes of this layer."""
+        return 2 * batch * self.n_kv * self.slots * self.head_dim * dtype_bytes
+
+
+@dataclass(frozen=True)
+class KVStoreSpec:
+    """Shapes of the whole store. ``slots`` are in owner order (``layout.kv_owners``)."""
+
+    kv_len: int
+    window: int
+    slots: tuple[KVSlotSpec, ...]
+
+    @property
+    def owners(self) -> tuple[int, ...]:
+        return tuple(s.layer for s in self.slots)
+
+    def bytes_per_layer(self, batch: int = 1, dtype_bytes: int = 2) -> dict[int, int]:
+        return {s.layer: s.bytes(batch, dtype_bytes) for s in self.slots}
+
+    def total_bytes(self, batch: int = 1, dtype_bytes: int = 2) -> int:
+        return sum(self.bytes_per_layer(batch, dtype_bytes).values())
+
+    def allocate(self, batch: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+        """Zeroed buffers in graph order: K of every owner, then V of every owner."""
+        ks = [torch.zeros(s.shape(batch), dtype=dtype) for s in self.slots]
+        vs = [torch.zeros(s.shape(batch), dtype=dtype) for s in self.slots]
+        return ks + vs
+
+
+def kv_store_spec(
+    layout: Layout,
+    kv_len: int,
+    ring_buffers: bool = True,
+    kv_heads: dict[int, int] | None = None,
+) -> KVStoreSpec:
+    """The store of a layout for a KV length.
+
+    ``ring_buffers=False`` gives sliding owners the full ``kv_len`` (the field report's
+    design); ``kv_heads`` overrides the KV-head count per layer (a tensor-parallel rank's
+    local count).
+    """
+    window = layout.sliding_window
+    slots = []
+    for spec in layout.owner_specs():
+        ring = ring_buffers and spec.attention == "sliding" and window < kv_len
+        n_kv = kv_heads[spec.index] if kv_heads is not None else spec.n_kv
+        slots.append(
+            KVSlotSpec(
+                layer=spec.index,
+                attention=spec.attention,
+                n_kv=n_kv,
+                head_dim=spec.head_dim,
+                slots=window if ring else kv_len,
+                ring=ring,
+            )
+        )
+    return KVStoreSpec(kv_len=kv_len, window=window, slots=tuple(slots))
+
+
+def naive_kv_bytes(layout: Layout, kv_len: int, batch: int = 1, dtype_bytes: int = 2) -> int:
+    """Bytes if every layer (shared ones too) kept its own full-length K and V."""
+    return sum(2 * batch * s.n_kv * kv_len * s.head_dim * dtype_bytes for s in layout.layers)
+
+
+def onehot_write(buf: torch.Tensor, new: torch.Tensor, onehot: torch.Tensor) -> torch.Tensor:
+    """Write ``new`` into ``buf`` at the slots ``onehot`` selects.
+
+    buf:    [batch, heads, slots, head_dim]
+    new:    [batch, heads, steps, head_dim]
+    onehot: [batch, steps, slots] with at most one 1 per slot (a step may select no slot)
+    returns [batch, heads, slots, head_dim]
+    """
+    onehot = onehot.to(buf.dtype)
+    hit = onehot.sum(dim=1)[:, None, :, None]  # [batch, 1, slots, 1]
+    written = torch.einsum("bts,bhtd->bhsd", onehot, new.to(buf.dtype))
+    return buf * (1 - hit) + written
+
+
+__all__ = ["KVSlotSpec", "KVStoreSpec", "kv_store_spec", "naive_kv_bytes", "onehot_write"]
