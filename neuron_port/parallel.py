@@ -1,0 +1,174 @@
+"""Running tensor-parallel ranks on a CPU.
+
+Two ways, one contract (``fn(rank, reduce) -> result``; ``reduce`` sums a tensor over ranks):
+
+* :func:`run_in_process` — every rank is a thread of this process and ``reduce`` is a
+  barrier-synchronised sum. Fast; for property tests and quick checks.
+* :func:`run_gloo` — every rank is a separate process with a ``torch.distributed`` gloo
+  group on 127.0.0.1 and ``reduce`` is ``all_reduce``. This is real multi-process TP: the
+  same collective calls a device backend would make, over real process boundaries.
+
+``run_gloo`` refuses to run inside one of its own workers (the environment variable
+``NEURON_PORT_TP_CHILD`` marks them), so an import-time launch can never fork-bomb, and it turns
+a dead or failing rank into a :class:`~neuron_port.errors.ParallelRankError` naming the rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from neuron_port.errors import ParallelRankError
+
+CHILD_ENV = "NEURON_PORT_TP_CHILD"
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+RankFn = Callable[[int, Reduce], Any]
+
+
+def is_tp_child() -> bool:
+    return os.environ.get(CHILD_ENV) == "1"
+
+
+# ---- in-process ranks ------------------------------------------------------------------------
+class _ThreadSum:
+    """Sum of one tensor per rank, exchanged through a barrier (every rank gets the total)."""
+
+    def __init__(self, tp: int):
+        self.tp = tp
+        self.slots: list[torch.Tensor | None] = [None] * tp
+        self.result: torch.Tensor | None = None
+        self.barrier = threading.Barrier(tp)
+
+    def reducer(self, rank: int) -> Reduce:
+        def reduce(x: torch.Tensor) -> torch.Tensor:
+            self.slots[rank] = x
+            if self.barrier.wait() == 0:
+                total = self.slots[0].clone()
+                for part in self.slots[1:]:
+                    total = total + part
+                self.result = total
+            self.barrier.wait()
+            out = self.result.clone()
+            self.barrier.wait()
+            return out
+
+        return reduce
+
+
+def run_in_process(fn: RankFn, tp: int) -> list[Any]:
+    """Run ``fn(rank, reduce)`` for every rank as threads; results in rank order."""
+    if tp == 1:
+        return [fn(0, lambda x: x)]
+    group = _ThreadSum(tp)
+    results: list[Any] = [None] * tp
+    errors: list[BaseException | None] = [None] * tp
+
+    def body(rank: int) -> None:
+        try:
+            results[rank] = fn(rank, group.reducer(rank))
+        except threading.BrokenBarrierError as exc:
+            errors[rank] = exc
+        except BaseException as exc:  # noqa: BLE001 - reported below with the rank
+            errors[rank] = exc
+            group.barrier.abort()
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(tp)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for rank, err in enumerate(errors):
+        if err is not None and not isinstance(err, threading.BrokenBarrierError):
+            raise ParallelRankError(f"rank {rank} of {tp} failed: {err!r}") from err
+    if any(errors):
+        raise ParallelRankError(f"a rank of {tp} left the group early")
+    return results
+
+
+# ---- gloo processes --------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gloo_reduce(x: torch.Tensor) -> torch.Tensor:
+    import torch.distributed as dist
+
+    dist.all_reduce(x)
+    return x
+
+
+def _gloo_entry(rank: int, tp: int, init: str, fn: RankFn, out_dir: str, threads: int) -> None:
+    import torch.distributed as dist
+
+    os.environ[CHILD_ENV] = "1"
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=tp)
+    try:
+        result = fn(rank, _gloo_reduce)
+        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))
+    except BaseException:
+        (Path(out_dir) / f"rank{rank}.error").write_text(traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_gloo(fn: RankFn, tp: int, timeout_s: float = 600.0, threads_per_rank: int = 1) -> list[Any]:
+    """Run ``fn(rank, reduce)`` in ``tp`` gloo processes on 127.0.0.1; JSON results in rank order.
+
+    ``fn`` must be importable (a module-level function) and return JSON-able data.
+    """
+    if is_tp_child():
+        raise ParallelRankError(f"run_gloo called inside a TP worker ({CHILD_ENV}=1): refusing to re-spawn")
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="neuron_port_tp_") as out_dir:
+        init = f"tcp://127.0.0.1:{free_port()}"
+        try:
+            ctx = mp.start_processes(
+                _gloo_entry,
+                args=(tp, init, fn, out_dir, threads_per_rank),
+                nprocs=tp,
+                join=False,
+                start_method="spawn",
+            )
+            deadline = time.monotonic() + timeout_s
+            while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+                if time.monotonic() >= deadline:
+                    for proc in ctx.processes:
+                        proc.kill()
+                    raise ParallelRankError(f"tensor-parallel group of {tp} did not finish within {timeout_s:.0f} s")
+        except mp.ProcessRaisedException as exc:
+            raise ParallelRankError(_rank_failure(out_dir, tp, str(exc))) from None
+        except mp.ProcessExitedException as exc:
+            raise ParallelRankError(f"rank {exc.error_index} of {tp} died (exit code {exc.exit_code})") from None
+        results = []
+        for rank in range(tp):
+            path = Path(out_dir) / f"rank{rank}.json"
+            if not path.exists():
+                raise ParallelRankError(_rank_failure(out_dir, tp, f"rank {rank} produced no result"))
+            results.append(json.loads(path.read_text()))
+        return results
+
+
+def _rank_failure(out_dir: str, tp: int, fallback: str) -> str:
+    for rank in range(tp):
+        err = Path(out_dir) / f"rank{rank}.error"
+        if err.exists():
+            last = err.read_text().strip().splitlines()[-1]
+            return f"rank {rank} of {tp} failed: {last}"
+    return fallback
+
+
+__all__ = ["CHILD_ENV", "is_tp_child", "run_in_process", "run_gloo", "free_port"]

@@ -1,0 +1,103 @@
+"""Module surgery: turn a Hugging Face model into one tensor-parallel rank's shard.
+
+Attention: q by query heads (column), k and v gathered by the plan's KV heads (column),
+o by query heads (row-parallel, partial sums reduced across ranks), q/k norms replicated;
+KV-shared layers (no k/v) and ``k_eq_v`` layers (no v) are handled by what they lack. MLP:
+gate and up by column, down by row (double-wide shared-layer MLPs split the same way).
+Head counts come from the layout, never from modules being replaced (the field report's
+``q_proj.out_features`` gotcha cannot happen).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuron_port.families import family_for
+from neuron_port.layout import Layout
+from neuron_port.sharding import ModelShardPlan, column_split, head_columns, head_rows, plan_model, row_split
+
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+class RowParallelLinear(nn.Module):
+    """``y = reduce(x @ W_r^T) + b``: a row-parallel shard whose partial output is summed over ranks.
+
+    x: [..., in / tp] -> y: [..., out]
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, reduce: Reduce):
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)
+        self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
+        self.reduce = reduce
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.reduce(F.linear(x, self.weight))
+        return y + self.bias if self.bias is not None else y
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=weight.dtype)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        if bias is not None:
+            layer.bias.copy_(bias)
+    return layer.requires_grad_(False)
+
+
+def shard_model(
+    model: nn.Module,
+    layout: Layout,
+    rank: int,
+    tp: int,
+    reduce: Reduce = _identity,
+    plan: ModelShardPlan | None = None,
+    inplace: bool = False,
+) -> nn.Module:
+    """Rank ``rank``'s shard of ``model`` (a copy unless ``inplace``)."""
+    plan = plan or plan_model(layout, tp)
+    shard = model if inplace else copy.deepcopy(model)
+    family = family_for(layout.model_type)
+    for spec, layer, lplan in zip(layout.layers, family.decoder_layers(shard), plan.layers):
+        heads = lplan.plan.ranks[rank]
+        d = spec.head_dim
+        attn = family.attention(layer)
+        q = attn.q_proj
+        attn.q_proj = _linear(head_rows(q.weight, heads.q_heads, d),
+                              head_rows(q.bias[:, None], heads.q_heads, d)[:, 0] if q.bias is not None else None)
+        for name in ("k_proj", "v_proj"):
+            proj = getattr(attn, name, None)
+            if proj is not None:
+                bias = head_rows(proj.bias[:, None], heads.kv_heads, d)[:, 0] if proj.bias is not None else None
+                setattr(attn, name, _linear(head_rows(proj.weight, heads.kv_heads, d), bias))
+        o = attn.o_proj
+        attn.o_proj = RowParallelLinear(head_columns(o.weight, heads.q_heads, d), o.bias, reduce)
+        if heads.groups is not None:
+            attn.num_key_value_groups = heads.groups
+        else:
+            attn.register_buffer("np_kv_expand", heads.expand_matrix().to(q.weight.dtype), persistent=False)
+        mlp = family.mlp(layer)
+        mlp.gate_proj = _linear(column_split(mlp.gate_proj.weight, tp, rank), None)
+        mlp.up_proj = _linear(column_split(mlp.up_proj.weight, tp, rank), None)
+        mlp.down_proj = RowParallelLinear(row_split(mlp.down_proj.weight, tp, rank), mlp.down_proj.bias, reduce)
+    return shard
+
+
+__all__ = ["RowParallelLinear", "shard_model"]
