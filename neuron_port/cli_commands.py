@@ -1,3 +1,176 @@
 """Subcommands beyond ``describe``: each registers itself with :mod:`neuron_port.cli`."""
 
 from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from neuron_port.cli import register
+from neuron_port.errors import NeuronPortError
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, found {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, found {text!r}")
+    return values
+
+
+# ---- shard-plan ------------------------------------------------------------------------------
+def _cmd_shard_plan(args: argparse.Namespace) -> int:
+    from neuron_port.configs import load_config
+    from neuron_port.layout import describe
+    from neuron_port.sharding import format_plan, plan_model
+
+    layout = describe(load_config(args.model, tiny=args.tiny))
+    plan = plan_model(layout, args.tp)
+    if args.json:
+        _print_json({"model": args.model, "model_type": layout.model_type, **plan.to_json()})
+    else:
+        print(format_plan(plan))
+    return 0
+
+
+@register
+def _add_shard_plan(sub) -> None:
+    p = sub.add_parser("shard-plan", help="tensor-parallel plan: which heads and KV heads every rank holds")
+    p.add_argument("model")
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_shard_plan)
+
+
+# ---- port ------------------------------------------------------------------------------------
+class PromptError(NeuronPortError, ValueError):
+    pass
+
+
+def _prompt_ids(args: argparse.Namespace, vocab: int, bos: int) -> list[int]:
+    import torch
+
+    if args.prompt is not None:
+        from neuron_port.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(args.model)
+        if tok is None:
+            raise PromptError(
+                f"--prompt TEXT needs a tokenizer.json next to the model; {args.model} has none. "
+                "Use --prompt-len N for random prompt tokens."
+            )
+        return [bos] + tok.encode(args.prompt).ids
+    gen = torch.Generator().manual_seed(args.seed + 1000)
+    ids = torch.randint(3, vocab, (args.prompt_len,), generator=gen).tolist()
+    ids[0] = bos
+    return ids
+
+
+def _divergence(tokens: list[int], reference: list[int], ref_logits) -> dict | None:
+    from neuron_port.logits import top2_gap
+
+    for i, (a, b) in enumerate(zip(tokens, reference)):
+        if a != b:
+            gap = float(top2_gap(ref_logits[i][None])[0]) if i < len(ref_logits) else None
+            return {"index": i, "port": a, "reference": b, "reference_top2_gap": gap,
+                    "near_tie": gap is not None and gap < 1e-2}
+    if len(tokens) != len(reference):
+        return {"index": min(len(tokens), len(reference)), "reason": "length differs"}
+    return None
+
+
+def _cmd_port(args: argparse.Namespace) -> int:
+    from neuron_port.models import model_from_name
+    from neuron_port.run import GenerationJob, generate_with_port, naive_bytes_for, reference_generate
+
+    if args.backend != "cpu":
+        from neuron_port.backends import require_backend
+
+        require_backend(args.backend)
+    from pathlib import Path
+
+    model = model_from_name(args.model, tiny=args.tiny, seed=args.seed)
+    config = model.config
+    eos = config.eos_token_id
+    real_weights = Path(args.model).is_dir()
+    # A random-weight model's end-of-sequence token is noise: stop on it only for real weights.
+    stop_on_eos = real_weights if args.stop_at_eos is None else args.stop_at_eos
+    stop_ids = ([eos] if isinstance(eos, int) else list(eos or [])) if stop_on_eos else []
+    prompt = _prompt_ids(args, int(config.vocab_size), int(config.bos_token_id or 2))
+    prompts = [prompt[: max(1, len(prompt) - 3 * row)] for row in range(args.batch)]
+    job = GenerationJob(prompts, args.max_new_tokens, args.buckets, args.kv_len, stop_ids)
+    result = generate_with_port(model, job, tp=args.tp)
+    decode_s = result["decode_s"]
+    out: dict[str, Any] = {
+        "model": args.model,
+        "tiny": args.tiny,
+        "backend": args.backend,
+        "tp": args.tp,
+        "batch": args.batch,
+        "prompt_tokens": len(prompt),
+        "new_tokens": len(result["tokens"][0]),
+        "tokens": result["tokens"][0],
+        "finish_reason": result["finish_reasons"][0],
+        "stop_ids": stop_ids,
+        "kv_cache_bytes": result["kv_cache_bytes"],
+        "kv_cache_bytes_naive": naive_bytes_for(model, args.kv_len, args.batch, result["dtype_bytes"]),
+        "prefill_s": round(result["prefill_s"], 6),
+        "decode_tok_per_s": round(result["decode_steps"] / decode_s, 3) if decode_s > 0 else None,
+        "host_ms_per_token": round(1e3 * result["host_s"] / max(1, result["decode_steps"] + 1), 4),
+    }
+    if args.tp > 1:
+        out["per_rank_kv_cache_bytes"] = result["per_rank_kv_cache_bytes"]
+    if args.batch > 1:
+        out["rows"] = [{"prompt_tokens": len(p), "tokens": t} for p, t in zip(prompts, result["tokens"])]
+    if args.check:
+        matches = []
+        for row, p in enumerate(prompts):
+            ref = reference_generate(model, p, args.max_new_tokens, stop_ids)
+            matches.append(result["tokens"][row] == ref["tokens"])
+            if row == 0:
+                out["reference_tokens"] = ref["tokens"]
+                out["divergence"] = _divergence(result["tokens"][0], ref["tokens"], ref["logits"])
+            if args.batch > 1:
+                out["rows"][row]["reference_tokens"] = ref["tokens"]
+                out["rows"][row]["seq_match"] = matches[-1]
+        out["seq_match"] = all(matches)
+    if args.json:
+        _print_json(out)
+    else:
+        for key, value in out.items():
+            print(f"{key}: {value}")
+        if args.check:
+            print(f"SEQ_MATCH {out['seq_match']}")
+    return 0 if (not args.check or out["seq_match"]) else 1
+
+
+@register
+def _add_port(sub) -> None:
+    p = sub.add_parser("port", help="build the two-graph port and generate (optionally check against HF generate)")
+    p.add_argument("model", help="a shipped name or a local model directory (config.json + safetensors)")
+    p.add_argument("--tiny", action="store_true", help="random weights on the tiny variant")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (gloo ranks on this machine)")
+    p.add_argument("--backend", default="cpu", choices=["cpu", "neuron", "nxd"])
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--prompt-len", type=int, default=24, help="random prompt of N tokens (BOS first)")
+    group.add_argument("--prompt", default=None, help="prompt text (needs tokenizer.json in the model directory)")
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and the random prompt")
+    p.add_argument("--buckets", type=_int_list, default=[32, 64, 128], help="prompt buckets, e.g. 32,64,128")
+    p.add_argument("--kv-len", type=int, default=256, help="KV length of the store (full-attention slots)")
+    p.add_argument("--batch", type=int, default=1, help="rows decoded together (prompts of different lengths)")
+    eos = p.add_mutually_exclusive_group()
+    eos.add_argument("--stop-at-eos", dest="stop_at_eos", action="store_true", default=None,
+                     help="stop at the end-of-sequence token (default for real weights)")
+    eos.add_argument("--ignore-eos", dest="stop_at_eos", action="store_false",
+                     help="never stop at end-of-sequence (default for random weights)")
+    p.add_argument("--check", action="store_true", help="compare with Hugging Face generate (greedy) on CPU")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_port)
