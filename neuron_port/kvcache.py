@@ -111,4 +111,35 @@ def onehot_write(buf: torch.Tensor, new: torch.Tensor, onehot: torch.Tensor) -> 
     return buf * (1 - hit) + written
 
 
-__all__ = ["KVSlotSpec", "KVStoreSpec", "kv_store_spec", "naive_kv_bytes", "onehot_write"]
+
+
+def grow(
+    store: list[torch.Tensor], old: KVStoreSpec, new: KVStoreSpec, last_position: torch.Tensor
+) -> list[torch.Tensor]:
+    """Copy a store into a larger KV length (host side, between graph steps).
+
+    Full buffers keep their positions (zero-padded); rings stay rings; a full-length sliding
+    buffer that becomes a ring keeps the last ``window`` positions, each in slot ``p % window``.
+    ``last_position``: [batch] last position written per row. Returns buffers in graph order.
+    """
+    from neuron_port.masks import ring_positions
+
+    if old.owners != new.owners:
+        raise ValueError(f"stores of different owners cannot be copied: {old.owners} vs {new.owners}")
+    n = len(old.slots)
+    out = []
+    for j, buf in enumerate(store):
+        a, b = old.slots[j % n], new.slots[j % n]
+        if a.slots == b.slots:
+            out.append(buf.clone())
+        elif not b.ring:
+            pad = torch.zeros((*buf.shape[:2], b.slots - a.slots, buf.shape[3]), dtype=buf.dtype)
+            out.append(torch.cat([buf, pad], dim=2))
+        else:
+            held = ring_positions(last_position, b.slots)  # [batch, window]
+            pick = (held[:, :, None] == torch.arange(a.slots)[None, None, :]).to(buf.dtype)
+            out.append(torch.einsum("bws,bhsd->bhwd", pick, buf))
+    return out
+
+
+__all__ = ["KVSlotSpec", "KVStoreSpec", "kv_store_spec", "naive_kv_bytes", "onehot_write", "grow"]

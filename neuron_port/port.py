@@ -1,14 +1,18 @@
-"""A two-graph port assembled from the primitives, and its greedy generation loop.
+"""A two-graph port assembled from the primitives.
 
-``Port`` owns the host embeddings, one prefill graph per prompt bucket, one decode graph, and
-the KV store spec. ``host_inputs_*`` build every host-side tensor a graph step needs (masks,
-one-hot writes, positions, embeddings). ``greedy_generate`` runs
-host embed -> prefill -> decode loop -> host argmax.
+``Port`` owns the host embeddings, one prefill graph per prompt bucket, one decode graph per
+KV length, and the KV store spec of each KV length. ``host_inputs_*`` build every host-side
+tensor a graph step needs (masks, one-hot writes, positions, embeddings) from index tensors
+prepared once. Generation loops live in :mod:`neuron_port.runtime`; :func:`greedy_generate`
+is the greedy shortcut over them.
+
+Bucket rules: a prompt goes to the first prompt bucket that holds it; the bucket's prefill
+writes into the smallest KV length that holds the bucket; decoding moves to the next KV
+length (copying the store) when a row outgrows it, or stops that row with ``length``.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -19,9 +23,8 @@ from neuron_port import masks
 from neuron_port.embedding import HostEmbeddings
 from neuron_port.errors import BucketError
 from neuron_port.graphs import DecodeGraph, PrefillGraph
-from neuron_port.kvcache import KVStoreSpec, kv_store_spec
+from neuron_port.kvcache import KVStoreSpec, grow, kv_store_spec
 from neuron_port.layout import Layout
-from neuron_port.logits import greedy
 
 Runnable = Callable[..., Sequence[torch.Tensor]]
 
@@ -38,59 +41,83 @@ def select_bucket(length: int, buckets: Sequence[int]) -> int:
 
 
 class Port:
-    """Host embeddings + static graphs + KV store spec for one model (one TP rank)."""
+    """Host embeddings + static graphs + KV store specs for one model (one TP rank)."""
 
     def __init__(
         self,
         model: nn.Module,
         layout: Layout,
         prompt_buckets: Sequence[int],
-        kv_len: int,
+        kv_lens: int | Sequence[int],
         ring_buffers: bool = True,
         kv_heads: dict[int, int] | None = None,
         embeddings: HostEmbeddings | None = None,
     ):
         buckets = sorted(set(int(b) for b in prompt_buckets))
-        if not buckets or buckets[-1] > kv_len:
-            raise BucketError(f"prompt buckets {buckets} must be non-empty and at most the KV length {kv_len}")
+        kvs = sorted(set([int(kv_lens)] if isinstance(kv_lens, int) else [int(k) for k in kv_lens]))
+        if not buckets or not kvs or buckets[-1] > kvs[-1] or buckets[0] < 1:
+            raise BucketError(f"prompt buckets {buckets} must be positive and at most the largest KV length {kvs}")
         self.layout = layout
         self.buckets = buckets
-        self.kv_len = kv_len
-        self.spec: KVStoreSpec = kv_store_spec(layout, kv_len, ring_buffers, kv_heads)
-        self.ring = layout.sliding_window if any(s.ring for s in self.spec.slots) else None
+        self.kv_lens = kvs
+        self.specs: dict[int, KVStoreSpec] = {kv: kv_store_spec(layout, kv, ring_buffers, kv_heads) for kv in kvs}
+        self.rings = {kv: (layout.sliding_window if any(s.ring for s in spec.slots) else None)
+                      for kv, spec in self.specs.items()}
+        self.prefill_kv = {b: next(kv for kv in kvs if kv >= b) for b in buckets}
         self.embeddings = embeddings or HostEmbeddings.from_model(model)
         self.dtype = self.embeddings.word.dtype
-        self.prefill_graphs = {b: PrefillGraph(model, self.spec, b) for b in buckets}
-        self.decode_graph = DecodeGraph(model, self.spec)
+        self.prefill_graphs = {b: PrefillGraph(model, self.specs[self.prefill_kv[b]], b) for b in buckets}
+        self.decode_graphs = {kv: DecodeGraph(model, self.specs[kv]) for kv in kvs}
         # What actually runs; a backend may replace these with compiled runnables.
         self.prefill_runners: dict[int, Runnable] = dict(self.prefill_graphs)
-        self.decode_runner: Runnable = self.decode_graph
+        self.decode_runners: dict[int, Runnable] = dict(self.decode_graphs)
+        self._positions = torch.arange(buckets[-1])
+
+    @property
+    def kv_len(self) -> int:
+        """The largest KV length (how far a request can grow)."""
+        return self.kv_lens[-1]
+
+    @property
+    def spec(self) -> KVStoreSpec:
+        """The store at the largest KV length."""
+        return self.specs[self.kv_len]
+
+    @property
+    def decode_graph(self) -> DecodeGraph:
+        return self.decode_graphs[self.kv_len]
 
     # ---- host-side inputs ------------------------------------------------------------------
     def host_inputs_prefill(self, ids: torch.Tensor, lengths: torch.Tensor, bucket: int) -> list[torch.Tensor]:
         """ids [batch, bucket] right-padded, lengths [batch] -> the prefill graph's 8 inputs."""
+        kv = self.prefill_kv[bucket]
         embeds, per_layer = self.embeddings.embed(ids)
-        positions = torch.arange(bucket)[None, :].expand(ids.shape[0], bucket).contiguous()
+        positions = self._positions[:bucket].expand(ids.shape[0], bucket)
         m_full, m_slide = masks.prefill_masks(lengths, bucket, self.layout.sliding_window, self.dtype)
-        w_full, w_slide = masks.prefill_writes(lengths, bucket, self.kv_len, self.ring, self.dtype)
+        w_full, w_slide = masks.prefill_writes(lengths, bucket, kv, self.rings[kv], self.dtype)
         last = masks.last_token_onehot(lengths, bucket, self.dtype)
         return [embeds, per_layer, positions, m_full, m_slide, w_full, w_slide, last]
 
-    def host_inputs_decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> list[torch.Tensor]:
-        """tokens [batch], positions [batch] -> the decode graph's 8 inputs."""
+    def host_inputs_decode(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int | None = None) -> list[torch.Tensor]:
+        """tokens [batch], positions [batch] -> the decode graph's 8 inputs for ``kv_len``."""
+        kv = kv_len or self.kv_len
+        ring = self.rings[kv]
         embeds, per_layer = self.embeddings.embed(tokens[:, None])
-        m_full, m_slide = masks.decode_masks(positions, self.kv_len, self.layout.sliding_window, self.ring, self.dtype)
-        w_full, w_slide = masks.decode_writes(positions, self.kv_len, self.ring, self.dtype)
+        m_full, m_slide = masks.decode_masks(positions, kv, self.layout.sliding_window, ring, self.dtype)
+        w_full, w_slide = masks.decode_writes(positions, kv, ring, self.dtype)
         last = torch.ones((tokens.shape[0], 1), dtype=self.dtype)
         return [embeds, per_layer, positions[:, None], m_full, m_slide, w_full, w_slide, last]
 
-    def new_store(self, batch: int) -> list[torch.Tensor]:
-        return self.spec.allocate(batch, self.dtype)
+    def new_store(self, batch: int, kv_len: int | None = None) -> list[torch.Tensor]:
+        return self.specs[kv_len or self.kv_len].allocate(batch, self.dtype)
+
+    def grow_store(self, store: list[torch.Tensor], old_kv: int, new_kv: int, last_position: torch.Tensor) -> list[torch.Tensor]:
+        return grow(store, self.specs[old_kv], self.specs[new_kv], last_position)
 
 
 @dataclass
 class GreedyResult:
-    """Tokens of each row and timings of the run."""
+    """Tokens of each row and timings of a greedy run."""
 
     tokens: list[list[int]]
     finish_reasons: list[str]
@@ -105,14 +132,6 @@ class GreedyResult:
         return self.decode_steps / self.decode_s if self.decode_s > 0 else 0.0
 
 
-def _pad(prompts: Sequence[Sequence[int]], bucket: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.full((len(prompts), bucket), pad_id, dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, : len(prompt)] = torch.tensor(list(prompt), dtype=torch.long)
-    return ids, torch.tensor([len(p) for p in prompts], dtype=torch.long)
-
-
-@torch.no_grad()
 def greedy_generate(
     port: Port,
     prompts: Sequence[Sequence[int]],
@@ -121,60 +140,20 @@ def greedy_generate(
     pad_id: int = 0,
     keep_logits: bool = False,
 ) -> GreedyResult:
-    """Greedy decoding of a batch of prompts over the port's two graphs.
+    """Greedy decoding of a batch of prompts over the port's graphs (see :class:`runtime.Generator`)."""
+    from neuron_port.runtime import GenerationParams, Generator
 
-    A row stops at a stop id (kept in its tokens), after ``max_new_tokens``, or when its
-    next position would not fit the KV length (finish reason ``length``). Finished rows keep
-    running as padding without affecting the others.
-    """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, found {max_new_tokens}")
-    lengths_list = [len(p) for p in prompts]
-    if min(lengths_list) < 1:
-        raise ValueError("every prompt needs at least one token")
-    bucket = select_bucket(max(lengths_list), port.buckets)
-    t0 = time.perf_counter()
-    ids, lengths = _pad(prompts, bucket, pad_id)
-    inputs = port.host_inputs_prefill(ids, lengths, bucket)
-    host = time.perf_counter() - t0
-    out = port.prefill_runners[bucket](*inputs, *port.new_store(len(prompts)))
-    logits, store = out[0], list(out[1:])
-    prefill_s = time.perf_counter() - t0
-    stops = set(int(s) for s in stop_ids)
-    batch = len(prompts)
-    tokens: list[list[int]] = [[] for _ in range(batch)]
-    done = [False] * batch
-    reasons = ["length"] * batch
-    kept = [logits.clone()] if keep_logits else []
-    next_tok = greedy(logits)
-    positions = lengths.clone()
-    steps = 0
-    t_dec = time.perf_counter()
-    while True:
-        for row in range(batch):
-            if done[row]:
-                continue
-            tok = int(next_tok[row])
-            tokens[row].append(tok)
-            if tok in stops:
-                done[row], reasons[row] = True, "stop"
-            elif len(tokens[row]) >= max_new_tokens or int(positions[row]) >= port.kv_len:
-                done[row], reasons[row] = True, "length"
-        if all(done):
-            break
-        h0 = time.perf_counter()
-        step_pos = torch.clamp(positions, max=port.kv_len - 1)
-        inputs = port.host_inputs_decode(next_tok, step_pos)
-        host += time.perf_counter() - h0
-        out = port.decode_runner(*inputs, *store)
-        logits, store = out[0], list(out[1:])
-        if keep_logits:
-            kept.append(logits.clone())
-        next_tok = greedy(logits)
-        positions = positions + 1
-        steps += 1
-    decode_s = time.perf_counter() - t_dec
-    return GreedyResult(tokens, reasons, prefill_s, decode_s, steps, host, kept)
+    params = GenerationParams(max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_ids))
+    run = Generator(port, pad_id=pad_id).run_batch(list(prompts), params, keep_logits=keep_logits)
+    return GreedyResult(
+        tokens=[c.tokens for c in run.completions],
+        finish_reasons=[c.finish_reason for c in run.completions],
+        prefill_s=run.prefill_s,
+        decode_s=run.decode_s,
+        decode_steps=run.decode_steps,
+        host_s=run.host_s,
+        step_logits=run.step_logits,
+    )
 
 
 __all__ = ["Port", "select_bucket", "GreedyResult", "greedy_generate"]

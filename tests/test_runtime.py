@@ -1,0 +1,122 @@
+"""Generation runtime: sampling runs, streaming, stop strings, KV-length growth, static batching."""
+
+import copy
+import json
+
+import pytest
+import torch
+
+from neuron_port import describe, load_config
+from neuron_port.errors import BucketError
+from neuron_port.localdir import build_tokenizer
+from neuron_port.models import build_model
+from neuron_port.port import Port
+from neuron_port.run import reference_generate
+from neuron_port.runtime import GenerationParams, Generator
+from neuron_port.sampling import SamplingParams
+from tests.helpers import run_cli
+
+
+@pytest.fixture(scope="module")
+def e2b():
+    return build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
+
+
+def _generator(model, buckets=(32,), kv_lens=(128,), tokenizer=None):
+    port = Port(copy.deepcopy(model), describe(model), list(buckets), list(kv_lens))
+    return Generator(port, tokenizer=tokenizer)
+
+
+def _prompt(n, offset=0):
+    return [2] + [(17 * i + offset) % 500 + 4 for i in range(n - 1)]
+
+
+def test_seeded_sampling_repeats_exactly_and_seeds_differ(e2b):
+    gen = _generator(e2b)
+    sampling = SamplingParams(temperature=0.9, top_k=40, top_p=0.95)
+    a = gen.generate(_prompt(12), GenerationParams(24, sampling, seed=7)).tokens
+    b = gen.generate(_prompt(12), GenerationParams(24, sampling, seed=7)).tokens
+    c = gen.generate(_prompt(12), GenerationParams(24, sampling, seed=8)).tokens
+    assert a == b and a != c
+
+
+def test_streaming_yields_the_same_tokens_as_a_run(e2b):
+    gen = _generator(e2b, tokenizer=build_tokenizer(512))
+    params = GenerationParams(20, SamplingParams(temperature=0.7, top_k=20), seed=3)
+    events = list(gen.stream(_prompt(10), params))
+    done = gen.generate(_prompt(10), params)
+    assert [e.token_id for e in events] == done.tokens
+    assert [e.index for e in events] == list(range(len(done.tokens)))
+    assert "".join(e.text for e in events) == done.text
+    assert events[-1].finish_reason == done.finish_reason == "length"
+    assert all(e.finish_reason is None for e in events[:-1])
+    assert all(e.host_ms >= 0 and e.graph_ms >= 0 for e in events)
+
+
+def test_stop_strings_cut_at_the_right_place(e2b):
+    tok = build_tokenizer(512)
+    gen = _generator(e2b, tokenizer=tok)
+    free = gen.generate(_prompt(10), GenerationParams(30))
+    words = free.text.split(" ")
+    assert len(words) > 6
+    stop = " ".join(words[4:6])  # a two-word stop string in the middle of the free-running text
+    cut = gen.generate(_prompt(10), GenerationParams(30, stop_strings=(stop,)))
+    assert cut.finish_reason == "stop"
+    assert cut.text == free.text[: free.text.index(stop)]
+    streamed = "".join(e.text for e in gen.stream(_prompt(10), GenerationParams(30, stop_strings=(stop,))))
+    assert streamed == cut.text and stop not in streamed
+
+
+def test_stop_token_ids(e2b):
+    gen = _generator(e2b)
+    free = gen.generate(_prompt(10), GenerationParams(20)).tokens
+    stop_at = free[5]
+    cut = gen.generate(_prompt(10), GenerationParams(20, stop_token_ids=(stop_at,)))
+    assert cut.tokens == free[: free.index(stop_at) + 1] and cut.finish_reason == "stop"
+
+
+def test_kv_growth_copies_the_cache_and_matches_hf(e2b):
+    prompt = _prompt(20)
+    ref = reference_generate(e2b, prompt, 40, [])["tokens"]
+    # window 8 < 32: rings at both lengths; 20 + 40 positions outgrow 32 and move to 64
+    gen = _generator(e2b, buckets=(24,), kv_lens=(32, 64))
+    grown = Generator(gen.port).run_batch([prompt], GenerationParams(40))
+    assert grown.completions[0].tokens == ref and grown.kv_len == 64
+    # KV length 8 == window: sliding owners use full-length buffers, then become rings at 32
+    gen = _generator(e2b, buckets=(8,), kv_lens=(8, 32))
+    assert gen.generate(prompt[:6], GenerationParams(20)).tokens == reference_generate(e2b, prompt[:6], 20, [])["tokens"]
+
+
+def test_kv_full_stops_with_length_when_asked(e2b):
+    gen = _generator(e2b, buckets=(24,), kv_lens=(32, 64))
+    done = gen.generate(_prompt(20), GenerationParams(40, on_kv_full="stop"))
+    assert done.finish_reason == "length" and len(done.tokens) == 32 - 20 + 1
+    gen = _generator(e2b, buckets=(24,), kv_lens=(32,))
+    assert len(gen.generate(_prompt(20), GenerationParams(40)).tokens) == 13
+
+
+def test_prompt_over_largest_bucket(e2b):
+    gen = _generator(e2b, buckets=(16, 32))
+    with pytest.raises(BucketError, match="33 tokens.*largest prompt bucket \\(32\\)"):
+        gen.generate(_prompt(33), GenerationParams(4))
+
+
+def test_static_batch_rows_equal_solo_runs(e2b):
+    gen = _generator(e2b, buckets=(32,), kv_lens=(64,))
+    prompts = [_prompt(n, offset=n) for n in (24, 9, 17, 3)]
+    params = [GenerationParams(30), GenerationParams(12), GenerationParams(30), GenerationParams(25)]
+    batch = gen.run_batch(prompts, params)
+    for prompt, p, got in zip(prompts, params, batch.completions):
+        solo = gen.generate(prompt, p)
+        assert got.tokens == solo.tokens
+        assert got.tokens == reference_generate(e2b, prompt, p.max_new_tokens, [])["tokens"]
+
+
+def test_port_cli_batch_of_four_checked_row_by_row():
+    res = run_cli("port", "gemma-4-e2b", "--tiny", "--batch", "4", "--check", "--json")
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert d["seq_match"] is True and len(d["rows"]) == 4
+    assert len({r["prompt_tokens"] for r in d["rows"]}) == 4
+    assert all(r["seq_match"] for r in d["rows"])
+    assert d["host_ms_per_token"] > 0
