@@ -75,4 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Delegate to the imported module so subcommands register on the same copy of this file.
+    from neuron_port.cli import main as _main
+
+    sys.exit(_main())

@@ -174,3 +174,116 @@ def _add_port(sub) -> None:
     p.add_argument("--check", action="store_true", help="compare with Hugging Face generate (greedy) on CPU")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_port)
+
+
+# ---- compile / generate ----------------------------------------------------------------------
+def _cmd_compile(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from neuron_port.backends import require_backend
+    from neuron_port.compiled import compile_artifact
+    from neuron_port.models import model_from_name
+
+    if args.backend in ("neuron", "nxd"):
+        require_backend(args.backend)
+    if Path(args.model).is_dir():
+        source = {"kind": "dir", "path": str(Path(args.model).resolve())}
+    else:
+        source = {"kind": "shipped", "name": args.model, "tiny": args.tiny, "seed": args.seed}
+    model = model_from_name(args.model, tiny=args.tiny, seed=args.seed)
+    tok_dir = args.model if Path(args.model).is_dir() else None
+    manifest = compile_artifact(model, args.out, source, args.buckets, args.kv_lens, args.tp, args.backend,
+                                args.batch, tok_dir)
+    summary = {k: manifest[k] for k in ("backend", "tp", "buckets", "kv_lens", "batch", "weights_fingerprint")}
+    summary["out"] = str(Path(args.out).resolve())
+    summary["files"] = len(manifest["files"])
+    if args.json:
+        _print_json(summary)
+    else:
+        print(f"artifact written to {summary['out']} ({summary['files']} files, backend {args.backend}, tp {args.tp})")
+    return 0
+
+
+@register
+def _add_compile(sub) -> None:
+    p = sub.add_parser("compile", help="compile the two graphs into a verified artifact directory")
+    p.add_argument("model")
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--backend", default="cpu", choices=["cpu", "neuron", "nxd"])
+    p.add_argument("--out", required=True, help="artifact directory (written atomically)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--buckets", type=_int_list, default=[32, 64, 128])
+    p.add_argument("--kv-lens", type=_int_list, default=[256], help="KV lengths, e.g. 128,256")
+    p.add_argument("--batch", type=int, default=1, help="batch size the graphs are compiled for")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_compile)
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from neuron_port.artifact import verify
+    from neuron_port.compiled import generate_from_artifact, reference_model
+    from neuron_port.configs import load_config
+    from neuron_port.run import reference_generate
+
+    manifest = verify(args.dir, args.allow_version_mismatch)
+    config = load_config(Path(args.dir) / "config.json")
+    if args.prompt is not None:
+        from neuron_port.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(args.dir)
+        if tok is None:
+            raise PromptError(f"--prompt TEXT needs tokenizer.json in the artifact; {args.dir} has none; use --prompt-len")
+        prompt = [int(config.bos_token_id or 2)] + tok.encode(args.prompt).ids
+    else:
+        gen = torch.Generator().manual_seed(args.seed + 1000)
+        prompt = torch.randint(3, int(config.vocab_size), (args.prompt_len,), generator=gen).tolist()
+        prompt[0] = int(config.bos_token_id or 2)
+    stop_ids = [int(config.eos_token_id)] if args.stop_at_eos else []
+    result = generate_from_artifact(args.dir, [prompt], args.max_new_tokens, stop_ids, args.allow_version_mismatch)
+    decode_s = result["decode_s"]
+    out: dict[str, Any] = {
+        "artifact": str(Path(args.dir).resolve()),
+        "backend": manifest["backend"],
+        "tp": manifest["tp"],
+        "prompt_tokens": len(prompt),
+        "new_tokens": len(result["tokens"][0]),
+        "tokens": result["tokens"][0],
+        "finish_reason": result["finish_reasons"][0],
+        "prefill_s": round(result["prefill_s"], 6),
+        "decode_tok_per_s": round(result["decode_steps"] / decode_s, 3) if decode_s > 0 else None,
+    }
+    if args.check:
+        ref = reference_generate(reference_model(manifest), prompt, args.max_new_tokens, stop_ids)
+        out["reference_tokens"] = ref["tokens"]
+        out["divergence"] = _divergence(out["tokens"], ref["tokens"], ref["logits"])
+        out["seq_match"] = out["tokens"] == ref["tokens"]
+    if args.json:
+        _print_json(out)
+    else:
+        for key, value in out.items():
+            print(f"{key}: {value}")
+        if args.check:
+            print(f"SEQ_MATCH {out['seq_match']}")
+    return 0 if (not args.check or out["seq_match"]) else 1
+
+
+@register
+def _add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="run a compiled artifact from its directory alone (fresh process)")
+    p.add_argument("dir")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--prompt-len", type=int, default=24)
+    group.add_argument("--prompt", default=None)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompt")
+    p.add_argument("--stop-at-eos", action="store_true")
+    p.add_argument("--check", action="store_true", help="compare with HF generate on the artifact's own checkpoint")
+    p.add_argument("--allow-version-mismatch", action="store_true",
+                   help="run even if the installed torch / Neuron versions differ from the artifact's")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_generate)

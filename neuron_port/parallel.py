@@ -102,10 +102,9 @@ def free_port() -> int:
 
 
 def _gloo_reduce(x: torch.Tensor) -> torch.Tensor:
-    import torch.distributed as dist
+    from neuron_port.collectives import process_group_reduce
 
-    dist.all_reduce(x)
-    return x
+    return process_group_reduce(x)
 
 
 def _gloo_entry(rank: int, tp: int, init: str, fn: RankFn, out_dir: str, threads: int) -> None:

@@ -45,18 +45,23 @@ class Port:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: nn.Module | None,
         layout: Layout,
         prompt_buckets: Sequence[int],
         kv_lens: int | Sequence[int],
         ring_buffers: bool = True,
         kv_heads: dict[int, int] | None = None,
         embeddings: HostEmbeddings | None = None,
+        runners: tuple[dict[int, Runnable], dict[int, Runnable]] | None = None,
     ):
+        """Build graphs over ``model``, or (``model=None``) use ``runners`` = (prefill by bucket,
+        decode by KV length) loaded from an artifact together with ``embeddings``."""
         buckets = sorted(set(int(b) for b in prompt_buckets))
         kvs = sorted(set([int(kv_lens)] if isinstance(kv_lens, int) else [int(k) for k in kv_lens]))
         if not buckets or not kvs or buckets[-1] > kvs[-1] or buckets[0] < 1:
             raise BucketError(f"prompt buckets {buckets} must be positive and at most the largest KV length {kvs}")
+        if model is None and (runners is None or embeddings is None):
+            raise ValueError("a Port without a model needs both runners and embeddings")
         self.layout = layout
         self.buckets = buckets
         self.kv_lens = kvs
@@ -66,12 +71,34 @@ class Port:
         self.prefill_kv = {b: next(kv for kv in kvs if kv >= b) for b in buckets}
         self.embeddings = embeddings or HostEmbeddings.from_model(model)
         self.dtype = self.embeddings.word.dtype
-        self.prefill_graphs = {b: PrefillGraph(model, self.specs[self.prefill_kv[b]], b) for b in buckets}
-        self.decode_graphs = {kv: DecodeGraph(model, self.specs[kv]) for kv in kvs}
-        # What actually runs; a backend may replace these with compiled runnables.
-        self.prefill_runners: dict[int, Runnable] = dict(self.prefill_graphs)
-        self.decode_runners: dict[int, Runnable] = dict(self.decode_graphs)
+        if model is not None:
+            self.prefill_graphs = {b: PrefillGraph(model, self.specs[self.prefill_kv[b]], b) for b in buckets}
+            self.decode_graphs = {kv: DecodeGraph(model, self.specs[kv]) for kv in kvs}
+        else:
+            self.prefill_graphs, self.decode_graphs = {}, {}
+        # What actually runs; a backend replaces these with compiled runnables.
+        prefill, decode = runners if runners is not None else (self.prefill_graphs, self.decode_graphs)
+        self.prefill_runners: dict[int, Runnable] = dict(prefill)
+        self.decode_runners: dict[int, Runnable] = dict(decode)
         self._positions = torch.arange(buckets[-1])
+
+    def example_inputs_prefill(self, bucket: int, batch: int = 1) -> list[torch.Tensor]:
+        """Inputs of the right shapes (a full-bucket prompt) for tracing a prefill graph."""
+        ids = torch.arange(bucket)[None, :].expand(batch, bucket) % self.layout.vocab_size
+        inputs = self.host_inputs_prefill(ids.contiguous(), torch.full((batch,), bucket), bucket)
+        return inputs + self.new_store(batch, self.prefill_kv[bucket])
+
+    def example_inputs_decode(self, kv_len: int, batch: int = 1) -> list[torch.Tensor]:
+        """Inputs of the right shapes for tracing a decode graph."""
+        pos = torch.full((batch,), kv_len - 1)
+        return self.host_inputs_decode(torch.full((batch,), 3), pos, kv_len) + self.new_store(batch, kv_len)
+
+    def compile(self, backend, batch: int = 1) -> None:
+        """Replace every runner with ``backend.compile(graph, example inputs, aliases)``."""
+        for b, graph in self.prefill_graphs.items():
+            self.prefill_runners[b] = backend.compile(graph, self.example_inputs_prefill(b, batch), graph.aliases)
+        for kv, graph in self.decode_graphs.items():
+            self.decode_runners[kv] = backend.compile(graph, self.example_inputs_decode(kv, batch), graph.aliases)
 
     @property
     def kv_len(self) -> int:
@@ -92,7 +119,7 @@ class Port:
         """ids [batch, bucket] right-padded, lengths [batch] -> the prefill graph's 8 inputs."""
         kv = self.prefill_kv[bucket]
         embeds, per_layer = self.embeddings.embed(ids)
-        positions = self._positions[:bucket].expand(ids.shape[0], bucket)
+        positions = self._positions[:bucket].expand(ids.shape[0], bucket).contiguous()
         m_full, m_slide = masks.prefill_masks(lengths, bucket, self.layout.sliding_window, self.dtype)
         w_full, w_slide = masks.prefill_writes(lengths, bucket, kv, self.rings[kv], self.dtype)
         last = masks.last_token_onehot(lengths, bucket, self.dtype)

@@ -32,6 +32,6 @@ def run_cli(*args: str) -> CliResult:
 def run_cli_process(*args: str, timeout: float = 600) -> CliResult:
     """Run ``neuron-port ARGS`` as a fresh process."""
     proc = subprocess.run(
-        [sys.executable, "-m", "neuron_port.cli", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "neuron_port", *args], capture_output=True, text=True, timeout=timeout
     )
     return CliResult(proc.returncode, proc.stdout, proc.stderr)

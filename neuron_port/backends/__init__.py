@@ -28,4 +28,18 @@ def require_backend(name: str) -> None:
         raise BackendUnavailableError(f"backend {name!r} needs {module}, which is not usable here ({exc!r}); {NEURON_HINT}") from None
 
 
-__all__ = ["BackendUnavailableError", "require_backend", "NEURON_HINT"]
+def get_backend(name: str, **options):
+    """A backend by name: ``cpu`` (TorchScript-traced), ``cpu-eager``, ``neuron``, ``nxd``."""
+    if name in ("cpu", "cpu-eager"):
+        from neuron_port.backends.cpu import CpuBackend
+
+        return CpuBackend("eager" if name == "cpu-eager" else "jit")
+    require_backend(name)
+    if name == "neuron":
+        from neuron_port.backends.neuron import NeuronBackend
+
+        return NeuronBackend(**options)
+    raise NeuronPortError(f"unknown backend {name!r}; expected cpu, cpu-eager, neuron or nxd")
+
+
+__all__ = ["BackendUnavailableError", "require_backend", "get_backend", "NEURON_HINT"]

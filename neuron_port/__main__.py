@@ -1,0 +1,7 @@
+"""``python -m neuron_port`` runs the ``neuron-port`` command."""
+
+import sys
+
+from neuron_port.cli import main
+
+sys.exit(main())

@@ -1,0 +1,206 @@
+"""Artifact directories that say what they are and refuse to run where they would be wrong.
+
+Layout::
+
+    DIR/manifest.json            what follows, with a digest of every field
+    DIR/config.json              the text config the graphs were built from
+    DIR/embeddings.safetensors   host tables (word, per-layer)
+    DIR/tokenizer.json           when the source had one
+    DIR/rank{r}/weights.safetensors   rank r's shard of the transformer
+    DIR/rank{r}/prefill_{bucket}.pt, decode_{kv_len}.pt   compiled graphs
+
+The manifest records the library, backend and component versions, the config hash, a weights
+fingerprint (tensor names, shapes, dtypes and contents), buckets, KV lengths, TP degree, KV
+layout, and the SHA-256 of every file. :func:`verify` checks all of it and names the field,
+what was expected and what was found. Directories are written under a temporary name and
+renamed into place, so an interrupted write leaves nothing a loader accepts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import torch
+
+from neuron_port.errors import NeuronPortError
+
+FORMAT = "neuron-port-artifact/1"
+MANIFEST = "manifest.json"
+NEURON_COMPONENTS = ("torch-neuronx", "neuronx-cc", "neuronx-distributed")
+
+
+class ArtifactError(NeuronPortError, ValueError):
+    """An artifact that is missing, corrupt, edited or built for another environment."""
+
+
+# ---- hashing -------------------------------------------------------------------------------
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def weights_fingerprint(state: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 over sorted tensor names, shapes, dtypes and contents."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().contiguous().cpu()
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(str(t.dtype).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def config_hash(config_dict: Mapping[str, Any]) -> str:
+    return hashlib.sha256(_canonical(dict(config_dict))).hexdigest()
+
+
+def installed_versions() -> dict[str, str | None]:
+    """Versions of what an artifact depends on, read from package metadata (nothing imported)."""
+    from neuron_port import __version__
+
+    out: dict[str, str | None] = {"neuron-port": __version__}
+    for dist in ("torch", "transformers", *NEURON_COMPONENTS):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+# ---- writing -------------------------------------------------------------------------------
+@contextlib.contextmanager
+def atomic_directory(out_dir: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling directory; on success it replaces ``out_dir`` in one rename."""
+    out = Path(out_dir).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(out, old)
+    os.rename(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def write_manifest(directory: Path, fields: dict[str, Any]) -> dict[str, Any]:
+    """Hash every file under ``directory``, add field digests, write ``manifest.json`` last."""
+    files = {
+        str(p.relative_to(directory)): file_sha256(p)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+    manifest = {"format": FORMAT, **fields, "files": files}
+    manifest["field_digests"] = {k: hashlib.sha256(_canonical(v)).hexdigest() for k, v in manifest.items()}
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    return manifest
+
+
+# ---- reading and verifying -----------------------------------------------------------------
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    path = Path(directory) / MANIFEST
+    if not Path(directory).is_dir():
+        raise ArtifactError(f"{directory} is not an artifact directory (it does not exist or is not a directory)")
+    if not path.exists():
+        raise ArtifactError(f"{directory} has no {MANIFEST}: not a complete artifact (an interrupted compile?)")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{path} does not parse: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ArtifactError(f"{path}: field 'format' expected {FORMAT!r}, found {manifest.get('format') if isinstance(manifest, dict) else manifest!r}")
+    return manifest
+
+
+def _check_digests(manifest: dict[str, Any]) -> None:
+    digests = manifest.get("field_digests")
+    if not isinstance(digests, dict):
+        raise ArtifactError("manifest.json: field 'field_digests' is missing or not an object")
+    fields = {k for k in manifest if k != "field_digests"}
+    for name in sorted(fields | set(digests)):
+        if name not in digests:
+            raise ArtifactError(f"manifest.json: field {name!r} is not covered by field_digests (added by hand?)")
+        if name not in manifest:
+            raise ArtifactError(f"manifest.json: field {name!r} is missing")
+        found = hashlib.sha256(_canonical(manifest[name])).hexdigest()
+        if found != digests[name]:
+            raise ArtifactError(
+                f"manifest.json: field {name!r} was edited: expected digest {digests[name][:16]}…, "
+                f"found {found[:16]}… for value {json.dumps(manifest[name])[:120]}"
+            )
+
+
+def _check_versions(manifest: dict[str, Any], allow_mismatch: bool) -> None:
+    recorded = manifest["versions"]
+    installed = installed_versions()
+    checks = [("neuron-port", 2), ("torch", 2)]
+    if manifest["backend"] in ("neuron", "nxd"):
+        checks += [(name, 3) for name in NEURON_COMPONENTS]
+    for name, parts in checks:
+        want, have = recorded.get(name), installed.get(name)
+        same = want == have if want is None or have is None else want.split(".")[:parts] == have.split(".")[:parts]
+        if not same and not allow_mismatch:
+            raise ArtifactError(
+                f"field versions.{name}: the artifact was built with {want}, this environment has {have}; "
+                "a graph compiled for another runtime can mis-execute rather than fail. Rebuild the artifact, "
+                "or pass --allow-version-mismatch to run it anyway"
+            )
+
+
+def verify(directory: str | Path, allow_version_mismatch: bool = False) -> dict[str, Any]:
+    """Every check a loader needs before trusting an artifact; returns the manifest."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    _check_digests(manifest)
+    _check_versions(manifest, allow_version_mismatch)
+    present = {str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST}
+    for rel, digest in sorted(manifest["files"].items()):
+        path = directory / rel
+        if not path.exists():
+            raise ArtifactError(f"file {rel} listed in the manifest is missing")
+        found = file_sha256(path)
+        if found != digest:
+            raise ArtifactError(f"file {rel}: expected sha256 {digest}, found {found} (corrupt or modified)")
+    extra = sorted(present - set(manifest["files"]))
+    if extra:
+        raise ArtifactError(f"files not listed in the manifest: {extra}")
+    config = json.loads((directory / "config.json").read_text())
+    if config_hash(config) != manifest["config_hash"]:
+        raise ArtifactError(f"config.json: expected hash {manifest['config_hash']}, found {config_hash(config)}")
+    return manifest
+
+
+__all__ = [
+    "ArtifactError",
+    "FORMAT",
+    "file_sha256",
+    "weights_fingerprint",
+    "config_hash",
+    "installed_versions",
+    "atomic_directory",
+    "write_manifest",
+    "read_manifest",
+    "verify",
+]

@@ -1,0 +1,47 @@
+"""CPU backend: eager (the graph module itself) or compiled with TorchScript tracing.
+
+Tracing was chosen over ``torch.export`` and ``torch.compile`` because the traced graph
+removes the Hugging Face forward's Python overhead, saves and loads with ``torch.jit.save`` /
+``torch.jit.load`` exactly like the Neuron backend's artifacts, and carries the TP all-reduce
+as a custom op. ``benchmarks/cpu_backend.py`` measures it against eager.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from neuron_port.backends.base import Runnable
+
+
+class CpuBackend:
+    def __init__(self, mode: str = "jit"):
+        if mode not in ("jit", "eager"):
+            raise ValueError(f"cpu backend mode must be 'jit' or 'eager', found {mode!r}")
+        self.mode = mode
+        self.name = "cpu"
+
+    def compile(self, graph: nn.Module, example_inputs: Sequence[torch.Tensor], aliases: dict[int, int],
+                options: dict[str, Any] | None = None) -> Runnable:
+        if self.mode == "eager":
+            return graph
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
+            return torch.jit.trace(graph, tuple(example_inputs), check_trace=False, strict=False)
+
+    def save(self, runnable: Runnable, path: Path) -> None:
+        if not isinstance(runnable, torch.jit.ScriptModule):
+            raise TypeError("only compiled (jit) CPU graphs are saved; compile with mode='jit'")
+        torch.jit.save(runnable, str(path))
+
+    def load(self, path: Path) -> Runnable:
+        import neuron_port.collectives  # noqa: F401  (registers the all-reduce op traced graphs call)
+
+        return torch.jit.load(str(path), map_location="cpu")
+
+
+__all__ = ["CpuBackend"]

@@ -1,0 +1,127 @@
+"""Tensor-parallel Neuron backend over neuronx-distributed's ModelBuilder.
+
+What this module builds, all from the library's own shard plan (:mod:`neuron_port.sharding`):
+
+* a checkpoint per rank (:func:`rank_checkpoints`) with buffers such as ``layer_scalar``
+  restored — NxD's own sharding loads parameters only, which silently over-scales every layer;
+* the KV store as ``nn.Parameter``s of a wrapper module (:class:`KVResident`) and the
+  ``input_output_aliases`` map that keeps them on the device (:func:`alias_map`);
+* a ModelBuilder with a ``prefill`` and a ``decode`` key, traced and sharded, saved with
+  ``torch.jit.save``; reload with ``torch.jit.load`` followed by
+  ``nxd_model.initialize_with_saved_weights(start_rank)`` (without it the model refuses to run);
+* ``layer_dtype`` (e.g. bf16) casting of the rank checkpoints, which halves the neff;
+* the spawn guard: ModelBuilder spawns rank workers that re-import the caller's main module,
+  so :func:`build` refuses to run inside one (``NEURON_PORT_TP_CHILD``).
+
+Vendor imports happen only inside :func:`build` and :func:`load`. Everything else is plain
+PyTorch and is tested on CPU. The vendor calls follow the public neuronx-distributed source
+(release 2.29); they have not been executed on hardware by this project's CI.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from neuron_port.backends import require_backend
+from neuron_port.buffers import persistent_buffers
+from neuron_port.layout import Layout
+from neuron_port.parallel import CHILD_ENV, is_tp_child
+from neuron_port.shard_model import shard_model
+from neuron_port.sharding import plan_model
+
+
+def rank_checkpoints(model: nn.Module, layout: Layout, tp: int, layer_dtype: torch.dtype | None = None) -> list[dict[str, torch.Tensor]]:
+    """Per-rank state dicts from the library's shard plan, buffers included, optionally cast."""
+    plan = plan_model(layout, tp)
+    out = []
+    for rank in range(tp):
+        shard = shard_model(model, layout, rank, tp, plan=plan)
+        state = {k: v.detach().contiguous() for k, v in shard.state_dict().items() if k != "lm_head.weight"}
+        for name, buf in persistent_buffers(shard).items():
+            state[name] = buf.detach().clone()
+        if layer_dtype is not None:
+            state = {k: (v.to(layer_dtype) if v.is_floating_point() else v) for k, v in state.items()}
+        out.append(state)
+    return out
+
+
+def save_rank_checkpoints(checkpoints: Sequence[dict[str, torch.Tensor]], out_dir: Path) -> list[Path]:
+    """``tp{r}_sharded_checkpoint.safetensors`` per rank (NxD's own naming)."""
+    paths = []
+    for rank, state in enumerate(checkpoints):
+        path = Path(out_dir) / f"tp{rank}_sharded_checkpoint.safetensors"
+        save_file(state, str(path))
+        paths.append(path)
+    return paths
+
+
+class KVResident(nn.Module):
+    """A graph whose KV tensors are parameters, so NxD can alias them to outputs on device.
+
+    forward(*non_kv_inputs) -> (logits, *new_kv); the i-th KV parameter aliases output 1 + i.
+    """
+
+    def __init__(self, graph: nn.Module, kv_shapes: Sequence[Sequence[int]], dtype: torch.dtype):
+        super().__init__()
+        self.graph = graph
+        self.kv = nn.ParameterList([nn.Parameter(torch.zeros(*s, dtype=dtype), requires_grad=False) for s in kv_shapes])
+
+    def forward(self, *inputs: torch.Tensor):
+        return self.graph(*inputs, *self.kv)
+
+
+def alias_map(resident: KVResident) -> dict[nn.Parameter, int]:
+    """{kv parameter: output index} — the ``input_output_aliases`` NxD expects."""
+    return {p: 1 + i for i, p in enumerate(resident.kv)}
+
+
+def build(
+    make_prefill: Callable[[], KVResident],
+    make_decode: Callable[[], KVResident],
+    prefill_inputs: Sequence[torch.Tensor],
+    decode_inputs: Sequence[torch.Tensor],
+    checkpoint_loader: Callable[[], dict[str, torch.Tensor]],
+    tp: int,
+    out_dir: Path,
+    compiler_args: str = "--model-type=transformer --auto-cast=none",
+) -> Path:
+    """Trace both keys with ModelBuilder, save the executor and the sharded checkpoints."""
+    if is_tp_child():
+        raise RuntimeError(f"nxd build called inside a rank worker ({CHILD_ENV}=1): refusing to re-spawn")
+    require_backend("nxd")
+    from neuronx_distributed.trace.model_builder import BaseModelInstance, ModelBuilder
+
+    os.environ[CHILD_ENV] = "1"  # inherited by ModelBuilder's spawned workers
+    try:
+        builder = ModelBuilder(router=None, tp_degree=tp, checkpoint_loader=checkpoint_loader,
+                               compiler_workdir=str(Path(out_dir) / "compiler"))
+        prefill = make_prefill()
+        decode = make_decode()
+        builder.add("prefill", BaseModelInstance(make_prefill, alias_map(prefill)), [tuple(prefill_inputs)], compiler_args)
+        builder.add("decode", BaseModelInstance(make_decode, alias_map(decode)), [tuple(decode_inputs)], compiler_args)
+        executor = builder.trace(initialize_model_weights=False)
+        path = Path(out_dir) / "model.pt"
+        torch.jit.save(executor, str(path))
+        builder.shard_checkpoint(str(Path(out_dir) / "weights"))
+        return path
+    finally:
+        os.environ.pop(CHILD_ENV, None)
+
+
+def load(artifact_dir: Path, start_rank: int = 0) -> Any:
+    """``torch.jit.load`` then ``initialize_with_saved_weights`` (load-bearing, not cosmetic)."""
+    require_backend("nxd")
+    import torch_neuronx  # noqa: F401
+
+    model = torch.jit.load(str(Path(artifact_dir) / "model.pt"))
+    model.nxd_model.initialize_with_saved_weights(torch.tensor(start_rank))
+    return model
+
+
+__all__ = ["rank_checkpoints", "save_rank_checkpoints", "KVResident", "alias_map", "build", "load"]

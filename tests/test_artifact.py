@@ -1,0 +1,200 @@
+"""Backends and verified artifacts: compile, fresh-process reload, tamper detection, atomic writes."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from neuron_port import artifact, describe, load_config
+from neuron_port.artifact import ArtifactError
+from neuron_port.backends.neuron import compiler_args
+from neuron_port.backends.nxd import KVResident, alias_map, rank_checkpoints
+from neuron_port.compiled import compile_artifact, load_port
+from neuron_port.models import build_model
+from neuron_port.port import Port, greedy_generate
+from tests.helpers import run_cli, run_cli_process
+
+
+@pytest.fixture(scope="module")
+def e2b_artifact(tmp_path_factory):
+    out = tmp_path_factory.mktemp("art") / "e2b"
+    res = run_cli("compile", "gemma-4-e2b", "--tiny", "--backend", "cpu", "--buckets", "32", "--kv-lens", "64", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def _copy(src, tmp_path):
+    dst = tmp_path / "copy"
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.mark.slow
+def test_tp2_compile_then_generate_in_a_fresh_process(tmp_path):
+    out = tmp_path / "e4b_tp2"
+    res = run_cli_process("compile", "gemma-4-e4b", "--tiny", "--tp", "2", "--backend", "cpu", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["tp"] == 2 and len(manifest["kv_layout"]) == 2
+    res = run_cli_process("generate", str(out), "--prompt-len", "24", "--max-new-tokens", "32", "--check", "--json")
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert d["seq_match"] is True and d["new_tokens"] == 32 and d["tokens"] == d["reference_tokens"]
+
+
+def test_loaded_artifact_equals_the_in_process_port(e2b_artifact):
+    model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
+    prompt = [2] + list(range(30, 50))
+    eager = greedy_generate(Port(model, describe(model), [32], [64]), [prompt], 20).tokens
+    loaded = load_port(e2b_artifact)
+    assert all(isinstance(r, torch.jit.ScriptModule) for r in loaded.decode_runners.values())
+    assert greedy_generate(loaded, [prompt], 20).tokens == eager
+    res = run_cli_process("generate", str(e2b_artifact), "--max-new-tokens", "40", "--check", "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["seq_match"] is True
+
+
+@pytest.mark.parametrize("field,value", [("buckets", [16]), ("tp", 2), ("kv_lens", [128]), ("backend", "neuron"),
+                                         ("weights_fingerprint", "0" * 64), ("source", {"kind": "dir", "path": "/x"})])
+def test_editing_any_manifest_field_is_refused_by_name(e2b_artifact, tmp_path, field, value):
+    art = _copy(e2b_artifact, tmp_path)
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest[field] = value
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    res = run_cli("generate", str(art), "--max-new-tokens", "2")
+    assert res.returncode != 0 and res.stdout == ""
+    assert f"field {field!r} was edited" in res.stderr
+
+
+def test_flipping_one_byte_of_a_weights_file_is_refused(e2b_artifact, tmp_path):
+    art = _copy(e2b_artifact, tmp_path)
+    for rel in ("rank0/weights.safetensors", "embeddings.safetensors", "rank0/decode_64.pt"):
+        path = art / rel
+        original = path.read_bytes()
+        data = bytearray(original)
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+        res = run_cli("generate", str(art), "--max-new-tokens", "2")
+        assert res.returncode != 0 and f"file {rel}: expected sha256" in res.stderr
+        path.write_bytes(original)
+    assert run_cli("generate", str(art), "--max-new-tokens", "2").returncode == 0
+
+
+def test_interrupted_compile_leaves_nothing_generate_accepts(tmp_path, monkeypatch):
+    import neuron_port.compiled as compiled
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt("simulated interruption")
+
+    monkeypatch.setattr(compiled, "_build_rank", boom)
+    out = tmp_path / "half"
+    with pytest.raises(KeyboardInterrupt):
+        compile_artifact(build_model(load_config("gemma-4-e2b", tiny=True)), out, {"kind": "shipped"}, [32], [64])
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    res = run_cli("generate", str(out))
+    assert res.returncode != 0 and "not an artifact directory" in res.stderr
+
+
+def test_killed_compile_process_leaves_no_artifact(tmp_path):
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "neuron_port.cli", "compile", "gemma-4-12b", "--tiny", "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import time
+
+    deadline = time.time() + 60
+    while time.time() < deadline and not any(p.name.startswith(".killed.partial") for p in tmp_path.iterdir()):
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    assert not out.exists()
+    for partial in tmp_path.iterdir():  # whatever was left is not accepted
+        res = run_cli("generate", str(partial))
+        assert res.returncode != 0 and "manifest.json" in res.stderr
+
+
+def test_version_mismatch_is_refused_unless_overridden(tmp_path, monkeypatch):
+    real = artifact.installed_versions()
+    monkeypatch.setattr("neuron_port.compiled.installed_versions", lambda: {**real, "torch": "1.0.0"})
+    out = tmp_path / "old"
+    compile_artifact(build_model(load_config("gemma-4-e2b", tiny=True)), out,
+                     {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0}, [32], [64])
+    res = run_cli("generate", str(out), "--max-new-tokens", "2")
+    assert res.returncode != 0 and "versions.torch" in res.stderr and "1.0.0" in res.stderr
+    assert run_cli("generate", str(out), "--max-new-tokens", "2", "--allow-version-mismatch").returncode == 0
+
+
+def test_check_refuses_a_reference_with_other_weights(tmp_path):
+    out = tmp_path / "wrong_source"
+    compile_artifact(build_model(load_config("gemma-4-e2b", tiny=True), seed=1), out,
+                     {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0}, [32], [64])
+    res = run_cli("generate", str(out), "--max-new-tokens", "4", "--check", "--json")
+    assert res.returncode != 0 and "not the artifact's checkpoint" in res.stderr
+    assert "seq_match" not in res.stdout
+
+
+def test_neuron_backends_fail_fast_without_the_sdk(tmp_path):
+    for backend in ("neuron", "nxd"):
+        for cmd in (["port", "gemma-4-e2b", "--tiny"], ["compile", "gemma-4-e2b", "--tiny", "--out", str(tmp_path / "x")]):
+            res = run_cli(*cmd, "--backend", backend)
+            assert res.returncode != 0
+            assert "pip.repos.neuron.amazonaws.com" in res.stderr and "WRONG PACKAGE" in res.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_neuron_compiler_args():
+    assert compiler_args() == ["--model-type", "transformer", "--auto-cast", "none"]
+    assert compiler_args("matmult", optimize="O1") == ["--model-type", "transformer", "--auto-cast", "matmult", "-O1"]
+    with pytest.raises(ValueError):
+        compiler_args("fp8")
+
+
+def test_nxd_rank_checkpoints_keep_buffers_and_cast():
+    model = build_model(load_config("gemma-4-12b", tiny=True), seed=0)
+    layout = describe(model)
+    ranks = rank_checkpoints(model, layout, 2, layer_dtype=torch.bfloat16)
+    assert len(ranks) == 2
+    for state in ranks:
+        scalars = [k for k in state if k.endswith("layer_scalar")]
+        assert len(scalars) == layout.num_layers
+        for k in scalars:
+            assert torch.equal(state[k].float(), model.state_dict()[k].to(torch.bfloat16).float())
+            assert state[k].float().item() != 1.0
+        assert {v.dtype for v in state.values() if v.is_floating_point()} == {torch.bfloat16}
+    # sliding layer 0: 8 KV heads -> 4 per rank; full layer 5: its one KV head on both ranks
+    assert ranks[0]["model.layers.0.self_attn.k_proj.weight"].shape[0] == 4 * 16
+    assert torch.equal(ranks[0]["model.layers.5.self_attn.k_proj.weight"], ranks[1]["model.layers.5.self_attn.k_proj.weight"])
+
+
+def test_nxd_alias_map_points_every_kv_parameter_at_its_output():
+    model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
+    port = Port(model, describe(model), [16], [32])
+    shapes = [t.shape for t in port.new_store(1, 32)]
+    resident = KVResident(port.decode_graphs[32], shapes, torch.float32)
+    aliases = alias_map(resident)
+    assert sorted(aliases.values()) == list(range(1, len(shapes) + 1))
+    inputs = port.example_inputs_decode(32)[:8]
+    out = resident(*inputs)
+    for param, index in aliases.items():
+        assert out[index].shape == param.shape
+    # the graph's own alias list agrees: input 8 + j is output 1 + j
+    assert port.decode_graphs[32].aliases == {8 + j: 1 + j for j in range(len(shapes))}
+
+
+@pytest.mark.neuron
+def test_neuron_trace_of_the_tiny_decode_graph():
+    """Runs only where the Neuron SDK is installed (skipped elsewhere with the reason)."""
+    from neuron_port.backends.neuron import NeuronBackend
+
+    model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
+    port = Port(model, describe(model), [16], [32])
+    port.compile(NeuronBackend())
+    assert greedy_generate(port, [[2, 5, 6, 7]], 8).tokens
+
+
+@pytest.mark.neuron
+def test_nxd_build_and_reload():
+    """Runs only where neuronx-distributed is installed."""
+    import neuronx_distributed  # noqa: F401
