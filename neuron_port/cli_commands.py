@@ -287,3 +287,60 @@ def _add_generate(sub) -> None:
                    help="run even if the installed torch / Neuron versions differ from the artifact's")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_generate)
+
+
+# ---- plan / lint -----------------------------------------------------------------------------
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from neuron_port.configs import load_config
+    from neuron_port.layout import describe
+    from neuron_port.planner import Target, format_plan, plan_capacity, save_chart
+
+    config = load_config(args.model, tiny=args.tiny)
+    plan = plan_capacity(describe(config), config, args.model, Target.parse(args.target), args.dtype, args.tp,
+                         args.context, tuple(args.buckets), args.batch, args.embeddings_on_device)
+    if args.png:
+        save_chart(plan, args.png)
+    if args.json:
+        _print_json(plan.to_json())
+    else:
+        print(format_plan(plan))
+    return 0
+
+
+@register
+def _add_plan(sub) -> None:
+    p = sub.add_parser("plan", help="capacity plan: bytes per core, recommended TP, host RAM, roofline decode rate")
+    p.add_argument("model")
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--target", default="inf2.xlarge", help="inf2.xlarge | inf2.8xlarge | custom:cores=2,hbm_gib=16,bw_gbs=820,host_gib=64")
+    p.add_argument("--tp", type=int, default=None, help="plan at this degree (default: the recommended one)")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--context", type=int, default=2048, help="KV length")
+    p.add_argument("--buckets", type=_int_list, default=[128])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--embeddings-on-device", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--png", default=None, help="write a per-core memory chart (needs matplotlib)")
+    p.set_defaults(func=_cmd_plan)
+
+
+def _cmd_lint(args: argparse.Namespace) -> int:
+    from neuron_port.lint import lint_model
+
+    report = lint_model(args.model, softcap_in_graph=args.softcap_in_graph)
+    if args.json:
+        _print_json(report)
+    else:
+        for f in report["findings"]:
+            print(f"[{f['severity']}] {f['rule']} at {f['where']}: {f['detail']}\n    fix: {f['fix']}")
+        print(f"{report['errors']} error(s)")
+    return 0
+
+
+@register
+def _add_lint(sub) -> None:
+    p = sub.add_parser("lint", help="Neuron-hostile ops and SBUF overflows in the exported graphs, before compiling")
+    p.add_argument("model", help="a shipped name or a local config (the tiny variant's graphs are traced)")
+    p.add_argument("--softcap-in-graph", action="store_true", help="lint the graph with the softcap left on the device")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_lint)

@@ -1,0 +1,285 @@
+"""Capacity planning from a config alone: does it fit a NeuronCore, at which TP degree, and how fast can it be.
+
+Formulas (all bytes; ``b`` = bytes per element of the dtype):
+
+* Device weights per core = (replicated parameters + sharded parameters / tp) x b, from the
+  layout and the shard plan: q/o and MLP split by tp, k/v by the KV heads each rank holds
+  (replicated when n_kv < tp), norms and per-layer-input projections replicated, the tied LM
+  head (vocab x hidden) replicated. Embedding tables stay on the host unless asked otherwise.
+  Real parameter counts, never "effective" ones.
+* A second graph: ``torch_neuronx.trace`` gives prefill and decode their own neffs, each with its
+  own copy of the constants (x2 on one core, the field report's E4B overflow); ModelBuilder
+  (the nxd backend, used for tp > 1) shares one set of weights between its keys (x1).
+* KV store = the runtime's own accounting (:func:`kvcache.kv_store_spec`): owners only, sliding
+  owners as rings of the window, per rank at its local KV-head count.
+* Other = a runtime reserve (``RUNTIME_RESERVE``) plus the largest activation working set
+  (prefill bucket x max(2 x intermediate, q + 2 kv widths) x 4 B, and the logits row).
+* Host RAM: full server = every parameter at b plus ``HOST_PROCESS_OVERHEAD``; slim server =
+  the embedding tables only plus the overhead.
+* Compile host RAM = tp x (per-core device weights at the plan's dtype) x ``COMPILER_EXPANSION``
+  + the fp32 checkpoint the compiler's host process loads. ``COMPILER_EXPANSION`` is calibrated
+  on the one anchor there is (a bf16 E4B TP=2 compile peaked past 128 GB and needed >= 55 GB of
+  swap); the factor reproduces that swap figure, other sizes extrapolate from the single point.
+* Roofline decode = per-core HBM bandwidth / bytes each core reads per token (its weights,
+  read once, plus its KV store at the context length). Ranks read in parallel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from neuron_port.families import family_for
+from neuron_port.kvcache import kv_store_spec, naive_kv_bytes
+from neuron_port.layout import Layout
+from neuron_port.sharding import plan_model, valid_model_tp
+
+GiB = 1 << 30
+RUNTIME_RESERVE = GiB // 2
+HOST_PROCESS_OVERHEAD = 2 * GiB
+COMPILER_EXPANSION = 15.2  # E4B TP=2 bf16 on a 128 GiB host -> ~55 GB of swap (field report)
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    cores: int
+    hbm_per_core: int
+    hbm_bw_per_core: float  # bytes/s
+    host_ram: int
+
+    @classmethod
+    def parse(cls, text: str) -> "Target":
+        """A known instance name or ``custom:cores=2,hbm_gib=16,bw_gbs=820,host_gib=64`` (bw per chip)."""
+        if text in TARGETS:
+            return TARGETS[text]
+        if text.startswith("custom:"):
+            fields = dict(kv.split("=", 1) for kv in text[len("custom:"):].split(",") if kv)
+            try:
+                cores = int(fields["cores"])
+                return cls(text, cores, int(float(fields["hbm_gib"]) * GiB),
+                           float(fields["bw_gbs"]) * 1e9 / cores, int(float(fields["host_gib"]) * GiB))
+            except (KeyError, ValueError) as exc:
+                raise ValueError(f"custom target {text!r}: expected cores, hbm_gib, bw_gbs, host_gib ({exc})") from None
+        raise ValueError(f"unknown target {text!r}; expected one of {sorted(TARGETS)} or custom:cores=..,hbm_gib=..,bw_gbs=..,host_gib=..")
+
+
+# One Inferentia2 chip: 2 NeuronCores, 32 GiB HBM (16 per core), ~820 GB/s per chip.
+TARGETS = {
+    "inf2.xlarge": Target("inf2.xlarge", 2, 16 * GiB, 410e9, 16 * GiB),
+    "inf2.8xlarge": Target("inf2.8xlarge", 2, 16 * GiB, 410e9, 128 * GiB),
+}
+
+# Measured decode rates (facts.md section 3): (shipped name, tp) -> (tok/s, what was measured).
+MEASURED = {
+    ("gemma-4-e2b", 1): (44.0, "1 core, two graphs, static KV 512/128 (field report)"),
+    ("gemma-4-e2b", 2): (72.7, "TP=2, 2048/512 on inf2.8xlarge"),
+    ("gemma-4-e4b", 2): (36.0, "TP=2, device prefill, bf16: ~36-39 tok/s (field report)"),
+    ("gemma-4-12b", 2): (15.0, "TP=2, device prefill, 256/64 (field report)"),
+}
+
+
+@dataclass
+class Plan:
+    model: str
+    target: str
+    dtype: str
+    tp: int
+    recommended_tp: int | None
+    fits: bool
+    per_core_bytes: dict[str, int]
+    kv_bytes: int
+    kv_bytes_owners_full_length: int
+    kv_bytes_naive: int
+    host_ram_bytes: dict[str, int]
+    compile_host_ram_bytes: int
+    swap_recommended_bytes: int
+    roofline_tok_per_s: float
+    measured_tok_per_s: float | None
+    measured_note: str | None
+    params: dict[str, int]
+    context: int
+    reasons: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def device_params_per_core(layout: Layout, config: Any, tp: int, embeddings_on_device: bool = False) -> int:
+    """Parameters one core holds: sharded parts / tp, replicated parts whole (see module doc)."""
+    family = family_for(layout.model_type)
+    with torch.device("meta"):
+        model = family.causal_lm_class(layout.model_type)(config)
+    plan = plan_model(layout, tp) if tp > 1 else None
+    total = 0
+    for spec, layer in zip(layout.layers, family.decoder_layers(model)):
+        layer_params = sum(p.numel() for p in layer.parameters())
+        attn = family.attention(layer)
+        q_o = attn.q_proj.weight.numel() + attn.o_proj.weight.numel()
+        kv = sum(getattr(attn, n).weight.numel() for n in ("k_proj", "v_proj") if getattr(attn, n, None) is not None)
+        mlp = sum(getattr(family.mlp(layer), n).weight.numel() for n in ("gate_proj", "up_proj", "down_proj"))
+        rest = layer_params - q_o - kv - mlp
+        local_kv = len(plan.layers[spec.index].plan.ranks[0].kv_heads) if plan else spec.n_kv
+        kv_local = kv // spec.n_kv * local_kv if kv else 0
+        total += rest + q_o // tp + kv_local + mlp // tp
+    text = family.text_model(model)
+    layer_ids = {id(p) for layer in family.decoder_layers(model) for p in layer.parameters()}
+    emb_ids = {id(family.word_embedding(model).weight)}
+    ple = family.per_layer_embedding(model)
+    if ple is not None:
+        emb_ids.add(id(ple.weight))
+    for p in text.parameters():
+        if id(p) not in layer_ids and id(p) not in emb_ids:
+            total += p.numel()  # final norm, per-layer-input projection and its norm (replicated)
+    total += layout.vocab_size * layout.hidden_size  # tied LM head on the device
+    if embeddings_on_device:
+        total += layout.params.per_layer_embedding  # word table is the tied head, already counted
+    return total
+
+
+def plan_capacity(
+    layout: Layout,
+    config: Any,
+    model_name: str,
+    target: Target,
+    dtype: str = "bf16",
+    tp: int | None = None,
+    context: int = 2048,
+    buckets: tuple[int, ...] = (128,),
+    batch: int = 1,
+    embeddings_on_device: bool = False,
+    graphs_share_weights: bool | None = None,
+) -> Plan:
+    """The capacity plan at ``tp`` (or at the recommended degree when ``tp`` is None)."""
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, found {dtype!r}")
+    b = DTYPE_BYTES[dtype]
+    valid = [t for t in valid_model_tp(layout) if t <= target.cores]
+
+    def per_core(t: int) -> dict[str, int]:
+        weights = device_params_per_core(layout, config, t, embeddings_on_device) * b
+        share = graphs_share_weights if graphs_share_weights is not None else t > 1
+        second = 0 if share else weights
+        kv_heads = plan_model(layout, t).local_kv_heads(0) if t > 1 else None
+        kv = kv_store_spec(layout, context, kv_heads=kv_heads).total_bytes(batch, b)
+        widest = max(max(2 * s.intermediate_size // t, (s.n_q + 2 * s.n_kv) * s.head_dim) for s in layout.layers)
+        activations = batch * max(buckets) * widest * 4 + batch * layout.vocab_size * 4
+        return {"weights": weights, "second_graph": second, "kv": kv, "other": RUNTIME_RESERVE + activations}
+
+    def fits(t: int) -> bool:
+        return sum(per_core(t).values()) <= target.hbm_per_core
+
+    recommended = next((t for t in valid if fits(t)), None)
+    chosen = tp if tp is not None else (recommended or (valid[-1] if valid else 1))
+    if tp is not None and tp not in valid_model_tp(layout):
+        plan_model(layout, tp)  # raises the sharding error with the valid degrees
+    cores = per_core(chosen)
+    used = sum(cores.values())
+    ok = used <= target.hbm_per_core and chosen <= target.cores
+    reasons = []
+    p = layout.params
+    if chosen != 1 or not fits(1):
+        one = per_core(1)
+        if sum(one.values()) > target.hbm_per_core:
+            reasons.append(
+                f"tp 1 does not fit: {sum(one.values()) / GiB:.1f} GiB per core needed "
+                f"(weights {one['weights'] / GiB:.1f} + second graph {one['second_graph'] / GiB:.1f} + KV {one['kv'] / GiB:.2f} "
+                f"+ other {one['other'] / GiB:.2f}) > {target.hbm_per_core / GiB:.0f} GiB; the model has "
+                f"{p.total / 1e9:.2f} B real parameters ({p.transformer / 1e9:.2f} B in the transformer) — plan from these, "
+                "not from the marketed 'effective' size"
+            )
+    reasons.append(
+        f"tp {chosen}: {used / GiB:.2f} GiB per core of {target.hbm_per_core / GiB:.0f} GiB "
+        f"({'fits' if ok else 'does not fit'}); prefill and decode "
+        f"{'share one set of weights (ModelBuilder)' if cores['second_graph'] == 0 else 'each carry the weights (two traced neffs)'}"
+    )
+    if recommended is None:
+        reasons.append(f"no tp up to {target.cores} cores fits {target.name}")
+    kv_heads = plan_model(layout, chosen).local_kv_heads(0) if chosen > 1 else None
+    kv_total = kv_store_spec(layout, context, kv_heads=kv_heads).total_bytes(batch, b) * chosen
+    full_bytes = p.total * b + HOST_PROCESS_OVERHEAD
+    slim_bytes = (p.embedding + p.per_layer_embedding) * b + HOST_PROCESS_OVERHEAD
+    compile_ram = int(chosen * cores["weights"] * COMPILER_EXPANSION + p.total * 4)
+    swap = max(0, compile_ram - target.host_ram)
+    if swap:
+        reasons.append(f"compiling at tp {chosen} needs ~{compile_ram / 1e9:.0f} GB of host RAM: add >= {swap / 1e9:.0f} GB of swap")
+    if slim_bytes > target.host_ram:
+        reasons.append(f"even a slim server needs {slim_bytes / GiB:.1f} GiB of host RAM > {target.host_ram / GiB:.0f} GiB")
+    elif full_bytes > target.host_ram:
+        reasons.append(f"a full server needs {full_bytes / GiB:.1f} GiB of host RAM > {target.host_ram / GiB:.0f} GiB: use the slim server")
+    bytes_per_token = cores["weights"] + cores["kv"]
+    roofline = target.hbm_bw_per_core / bytes_per_token
+    measured = MEASURED.get((model_name, chosen))
+    return Plan(
+        model=model_name,
+        target=target.name,
+        dtype=dtype,
+        tp=chosen,
+        recommended_tp=recommended,
+        fits=ok,
+        per_core_bytes={"weights": cores["weights"], "second_graph": cores["second_graph"], "kv": cores["kv"],
+                        "other": cores["other"], "total": used, "capacity": target.hbm_per_core},
+        kv_bytes=kv_total,
+        kv_bytes_owners_full_length=kv_store_spec(layout, context, ring_buffers=False).total_bytes(batch, b),
+        kv_bytes_naive=naive_kv_bytes(layout, context, batch, b),
+        host_ram_bytes={"full": full_bytes, "slim": slim_bytes},
+        compile_host_ram_bytes=compile_ram,
+        swap_recommended_bytes=swap,
+        roofline_tok_per_s=round(roofline, 1),
+        measured_tok_per_s=measured[0] if measured else None,
+        measured_note=measured[1] if measured else None,
+        params=asdict(p),
+        context=context,
+        reasons=reasons,
+    )
+
+
+def format_plan(plan: Plan) -> str:
+    c = plan.per_core_bytes
+    mib = 1 << 20
+    lines = [
+        f"{plan.model} on {plan.target}, {plan.dtype}, tp {plan.tp} (recommended {plan.recommended_tp}), context {plan.context}",
+        f"  per core: weights {c['weights'] / GiB:6.2f} GiB | second graph {c['second_graph'] / GiB:6.2f} GiB | "
+        f"KV {c['kv'] / mib:8.1f} MiB | other {c['other'] / GiB:5.2f} GiB | total {c['total'] / GiB:6.2f} of {c['capacity'] / GiB:.0f} GiB"
+        f" -> {'FITS' if plan.fits else 'DOES NOT FIT'}",
+        f"  KV store: {plan.kv_bytes / mib:.1f} MiB (owners, rings) vs {plan.kv_bytes_owners_full_length / mib:.1f} MiB "
+        f"(owners, full length) vs {plan.kv_bytes_naive / mib:.1f} MiB (every layer, full length)",
+        f"  host RAM: full {plan.host_ram_bytes['full'] / GiB:.1f} GiB, slim {plan.host_ram_bytes['slim'] / GiB:.1f} GiB; "
+        f"compile ~{plan.compile_host_ram_bytes / 1e9:.0f} GB (swap >= {plan.swap_recommended_bytes / 1e9:.0f} GB)",
+        f"  roofline decode {plan.roofline_tok_per_s:.1f} tok/s; measured "
+        + (f"{plan.measured_tok_per_s} tok/s ({plan.measured_note})" if plan.measured_tok_per_s else "unknown"),
+    ]
+    lines += [f"  - {r}" for r in plan.reasons]
+    return "\n".join(lines)
+
+
+def save_chart(plan: Plan, path: str) -> None:
+    """PNG bar chart of the per-core memory breakdown (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("--png needs matplotlib: pip install 'neuron-port[plot]'") from None
+    c = plan.per_core_bytes
+    parts = [("weights", c["weights"]), ("second graph", c["second_graph"]), ("KV", c["kv"]), ("other", c["other"])]
+    fig, ax = plt.subplots(figsize=(7, 2.6))
+    left = 0.0
+    for name, value in parts:
+        ax.barh([0], [value / GiB], left=left, label=f"{name} {value / GiB:.2f} GiB")
+        left += value / GiB
+    ax.axvline(c["capacity"] / GiB, color="black", linestyle="--", label=f"core HBM {c['capacity'] / GiB:.0f} GiB")
+    ax.set_yticks([])
+    ax.set_xlabel("GiB per NeuronCore")
+    ax.set_title(f"{plan.model} {plan.dtype} tp {plan.tp} on {plan.target}")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+__all__ = ["Target", "TARGETS", "Plan", "plan_capacity", "format_plan", "save_chart", "device_params_per_core", "MEASURED"]

@@ -1,0 +1,147 @@
+"""Capacity planner and graph linter: anchors, formulas, property tests."""
+
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from neuron_port import describe, load_config
+from neuron_port.lint import SBUF_BYTES_PER_PARTITION, lint_model, sbuf_bytes_per_partition
+from neuron_port.planner import TARGETS, Target, device_params_per_core, plan_capacity
+from neuron_port.port import Port
+from neuron_port.sharding import plan_model
+from neuron_port.models import build_model
+from tests.helpers import run_cli
+
+MiB = 1 << 20
+
+
+def _plan_json(*args):
+    res = run_cli("plan", *args, "--json")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_plan_recommendations_and_reasons():
+    e2b = _plan_json("gemma-4-e2b")
+    assert e2b["recommended_tp"] == 1 and e2b["dtype"] == "bf16" and e2b["fits"]
+    e4b = _plan_json("gemma-4-e4b")
+    assert e4b["recommended_tp"] == 2 and e4b["fits"]
+    why = " ".join(e4b["reasons"])
+    assert "tp 1 does not fit" in why and "7.46 B real parameters" in why and "effective" in why
+    b12 = _plan_json("gemma-4-12b")
+    assert b12["recommended_tp"] == 2
+    for d, measured in ((e2b, 44.0), (e4b, 36.0), (b12, 15.0)):
+        assert d["roofline_tok_per_s"] > d["measured_tok_per_s"] == measured
+        for key in ("model", "target", "tp", "per_core_bytes", "kv_bytes", "kv_bytes_owners_full_length", "kv_bytes_naive",
+                    "host_ram_bytes", "compile_host_ram_bytes", "reasons"):
+            assert key in d
+        assert {"weights", "kv", "other"} <= set(d["per_core_bytes"])
+        assert {"full", "slim"} == set(d["host_ram_bytes"])
+
+
+def test_plan_e2b_long_context_kv():
+    d = _plan_json("gemma-4-e2b", "--context", "32768")
+    assert d["kv_bytes"] <= 200 * MiB
+    assert d["kv_bytes_owners_full_length"] == 576 * MiB
+    assert d["kv_bytes_naive"] == 1344 * MiB
+
+
+def test_roofline_matches_the_reference_figures():
+    """facts.md: E2B ~ (1.88 B + 0.40 B) x 2 B / 410 GB/s ~ 90 tok/s; 12B ~ 34 tok/s on two cores."""
+    e2b = load_config("gemma-4-e2b")
+    assert abs(device_params_per_core(describe(e2b), e2b, 1) - (1.88e9 + 0.40e9)) / 2.28e9 < 0.01
+    assert 85 < _plan_json("gemma-4-e2b")["roofline_tok_per_s"] < 92
+    assert 29 < _plan_json("gemma-4-12b")["roofline_tok_per_s"] < 35
+
+
+def test_plan_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "plan.png"
+    assert run_cli("plan", "gemma-4-12b", "--png", str(out)).returncode == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_custom_target_and_bad_input():
+    t = Target.parse("custom:cores=4,hbm_gib=24,bw_gbs=1600,host_gib=64")
+    assert t.cores == 4 and t.hbm_per_core == 24 << 30 and t.hbm_bw_per_core == 400e9
+    with pytest.raises(ValueError, match="unknown target"):
+        Target.parse("inf3.huge")
+    assert run_cli("plan", "gemma-4-e4b", "--tp", "3").returncode != 0
+
+
+_CFG = {n: (load_config(n), describe(load_config(n))) for n in ("gemma-4-e2b", "gemma-4-e4b", "gemma-4-12b")}
+
+
+@settings(max_examples=12)
+@given(st.sampled_from(sorted(_CFG)), st.sampled_from([1, 2]), st.integers(128, 65536), st.sampled_from(["bf16", "fp32"]))
+def test_plan_is_monotonic(name, tp, context, dtype):
+    config, layout = _CFG[name]
+    target = TARGETS["inf2.8xlarge"]
+    base = plan_capacity(layout, config, name, target, dtype, tp, context)
+    longer = plan_capacity(layout, config, name, target, dtype, tp, context * 2)
+    assert longer.per_core_bytes["kv"] >= base.per_core_bytes["kv"]
+    assert longer.roofline_tok_per_s <= base.roofline_tok_per_s
+    if tp == 1:
+        wider = plan_capacity(layout, config, name, target, dtype, 2, context)
+        assert wider.per_core_bytes["weights"] < base.per_core_bytes["weights"]
+    if dtype == "bf16":
+        bigger = plan_capacity(layout, config, name, target, "fp32", tp, context)
+        assert bigger.per_core_bytes["total"] > base.per_core_bytes["total"]
+    assert base.kv_bytes <= base.kv_bytes_owners_full_length * tp <= base.kv_bytes_naive * tp
+
+
+@pytest.mark.parametrize("name", sorted(_CFG))
+@pytest.mark.parametrize("tp", [1, 2])
+def test_planner_kv_bytes_equal_what_the_runtime_allocates(name, tp):
+    config = load_config(name, tiny=True)
+    model = build_model(config, seed=0)
+    layout = describe(model)
+    kv_heads = plan_model(layout, tp).local_kv_heads(0) if tp > 1 else None
+    port = Port(model, layout, [16], [64], kv_heads=kv_heads)
+    allocated = sum(t.numel() * t.element_size() for t in port.new_store(1, 64))
+    plan = plan_capacity(layout, config, name, TARGETS["inf2.xlarge"], "fp32", tp, context=64)
+    assert plan.per_core_bytes["kv"] == allocated
+
+
+@given(st.integers(1, 1024), st.integers(1, 300_000), st.sampled_from([1, 2, 4]))
+def test_sbuf_formula(rows, width, nbytes):
+    got = sbuf_bytes_per_partition(rows, width, nbytes)
+    assert got == -(-rows // 128) * width * nbytes
+    assert sbuf_bytes_per_partition(rows + 128, width, nbytes) == got + width * nbytes
+
+
+def test_lint_reports_softcap_overflow_only_when_in_graph():
+    bad = lint_model("gemma-4-e2b", softcap_in_graph=True)
+    tanh = [f for f in bad["findings"] if f["rule"] == "sbuf-overflow-vocab-elementwise" and "tanh" in f["where"]]
+    assert tanh and "524,288 B per SBUF partition" in tanh[0]["detail"] and "196,608" in tanh[0]["detail"]
+    assert "host" in tanh[0]["fix"]
+    good = lint_model("gemma-4-e2b")
+    assert good["errors"] == 0
+    assert not [f for f in good["findings"] if f["rule"] in ("sbuf-overflow-vocab-elementwise", "neuron-hostile-op")]
+    assert SBUF_BYTES_PER_PARTITION == 196_608
+
+
+def test_lint_flags_index_assignment_cache_writes():
+    """Cache writes by index assignment are caught: index_put for index vectors, a baked value for scalars."""
+    from neuron_port.lint import _scan, _trace
+
+    class IndexWrite(torch.nn.Module):
+        def forward(self, buf, pos, new):
+            out = buf.clone()
+            out[pos] = new
+            return out
+
+    real = describe(load_config("gemma-4-e2b"))
+    vector = _scan(_trace(IndexWrite(), [torch.zeros(8, 4), torch.tensor([3, 5]), torch.ones(2, 4)]), "g", 512, real, 2)
+    assert any(f.rule == "neuron-hostile-op" and "index_put" in f.where for f in vector)
+    scalar = _scan(_trace(IndexWrite(), [torch.zeros(8, 4), torch.tensor(3), torch.ones(4)]), "g", 512, real, 2)
+    assert any(f.rule == "value-baked-into-trace" for f in scalar)
+
+
+def test_lint_cli_12b_warns_about_fused_attention_window():
+    res = run_cli("lint", "gemma-4-12b", "--json")
+    d = json.loads(res.stdout)
+    assert any(f["rule"] == "fused-attention-window" and "1024" in f["where"] for f in d["findings"])
