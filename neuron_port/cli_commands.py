@@ -74,21 +74,24 @@ def _prompt_ids(args: argparse.Namespace, vocab: int, bos: int) -> list[int]:
 
 
 def _divergence(tokens: list[int], reference: list[int], ref_logits) -> dict | None:
-    from neuron_port.logits import top2_gap
+    """First divergence of the port from the reference, classified as near-tie or error."""
+    from dataclasses import asdict
 
-    for i, (a, b) in enumerate(zip(tokens, reference)):
-        if a != b:
-            gap = float(top2_gap(ref_logits[i][None])[0]) if i < len(ref_logits) else None
-            return {"index": i, "port": a, "reference": b, "reference_top2_gap": gap,
-                    "near_tie": gap is not None and gap < 1e-2}
-    if len(tokens) != len(reference):
-        return {"index": min(len(tokens), len(reference)), "reason": "length differs"}
-    return None
+    from neuron_port.oracle import classify_divergence, compare_tokens
+
+    cmp = compare_tokens(tokens, reference)
+    if cmp.match:
+        return None
+    i = cmp.first_divergence
+    if i < len(tokens) and i < len(ref_logits):
+        return asdict(classify_divergence(i, tokens[i], ref_logits[i]))
+    return {"index": i, "kind": "length differs"}
 
 
 def _cmd_port(args: argparse.Namespace) -> int:
     from neuron_port.models import model_from_name
-    from neuron_port.run import GenerationJob, generate_with_port, naive_bytes_for, reference_generate
+    from neuron_port.oracle import reference_generate
+    from neuron_port.run import GenerationJob, generate_with_port, naive_bytes_for
 
     if args.backend != "cpu":
         from neuron_port.backends import require_backend
@@ -228,7 +231,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from neuron_port.artifact import verify
     from neuron_port.compiled import generate_from_artifact, reference_model
     from neuron_port.configs import load_config
-    from neuron_port.run import reference_generate
+    from neuron_port.oracle import reference_generate
 
     manifest = verify(args.dir, args.allow_version_mismatch)
     config = load_config(Path(args.dir) / "config.json")
@@ -344,3 +347,24 @@ def _add_lint(sub) -> None:
     p.add_argument("--softcap-in-graph", action="store_true", help="lint the graph with the softcap left on the device")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_lint)
+
+
+# ---- doctor ----------------------------------------------------------------------------------
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from neuron_port.doctor import format_report, report, run_doctor
+
+    checks = run_doctor(args.dir, tokens=args.tokens)
+    if args.json:
+        _print_json(report(checks))
+    else:
+        print(format_report(checks))
+    return 0 if report(checks)["ok"] else 1
+
+
+@register
+def _add_doctor(sub) -> None:
+    p = sub.add_parser("doctor", help="triage a model or artifact directory, cheapest check first")
+    p.add_argument("dir", help="a model directory (config.json, safetensors, tokenizer) or an artifact directory")
+    p.add_argument("--tokens", type=int, default=8, help="greedy tokens compared with the CPU reference")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_doctor)

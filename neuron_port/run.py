@@ -12,7 +12,7 @@ import copy
 import functools
 import tempfile
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -113,22 +113,4 @@ def naive_bytes_for(model: nn.Module, kv_len: int, batch: int, dtype_bytes: int)
     return naive_kv_bytes(describe(model), kv_len, batch, dtype_bytes)
 
 
-def reference_generate(model: nn.Module, prompt: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int]) -> dict:
-    """Hugging Face ``generate`` (greedy, default cache) on CPU: tokens and per-step logits."""
-    ids = torch.tensor([list(prompt)])
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=list(stop_ids) or None,
-            pad_token_id=0,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-    tokens = out.sequences[0, len(prompt):].tolist()
-    return {"tokens": tokens, "logits": [l[0] for l in out.logits]}
-
-
-__all__ = ["GenerationJob", "generate_with_port", "reference_generate", "naive_bytes_for"]
+__all__ = ["GenerationJob", "generate_with_port", "naive_bytes_for"]

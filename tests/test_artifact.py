@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from neuron_port import artifact, describe, load_config
-from neuron_port.artifact import ArtifactError
 from neuron_port.backends.neuron import compiler_args
 from neuron_port.backends.nxd import KVResident, alias_map, rank_checkpoints
 from neuron_port.compiled import compile_artifact, load_port

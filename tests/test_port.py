@@ -14,7 +14,8 @@ from neuron_port.buffers import audit_buffers, parameter_only_load, restore_buff
 from neuron_port.kvcache import kv_store_spec, naive_kv_bytes, onehot_write
 from neuron_port.logits import greedy, softcap
 from neuron_port.models import build_model
-from neuron_port.run import GenerationJob, generate_with_port, reference_generate
+from neuron_port.oracle import reference_generate
+from neuron_port.run import GenerationJob, generate_with_port
 from tests.helpers import run_cli
 
 

@@ -4,14 +4,13 @@ import copy
 import json
 
 import pytest
-import torch
 
 from neuron_port import describe, load_config
 from neuron_port.errors import BucketError
 from neuron_port.localdir import build_tokenizer
 from neuron_port.models import build_model
 from neuron_port.port import Port
-from neuron_port.run import reference_generate
+from neuron_port.oracle import reference_generate
 from neuron_port.runtime import GenerationParams, Generator
 from neuron_port.sampling import SamplingParams
 from tests.helpers import run_cli

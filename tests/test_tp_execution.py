@@ -13,7 +13,8 @@ from neuron_port.families import family_for
 from neuron_port.logits import softcap
 from neuron_port.models import build_model
 from neuron_port.parallel import CHILD_ENV, run_gloo, run_in_process
-from neuron_port.run import GenerationJob, generate_with_port, reference_generate
+from neuron_port.oracle import reference_generate
+from neuron_port.run import GenerationJob, generate_with_port
 from tests.helpers import run_cli
 
 

@@ -1,0 +1,223 @@
+"""Triage of garbage output, cheapest check first.
+
+Every time the field report's port produced garbage the accelerator was innocent: a missing
+tokenizer.json, a mis-restored weight reload, a wrong buffer, a mismatched runtime. The doctor
+runs those checks before any model does, then a short comparison of the port with the CPU
+reference. Each check passes, fails (with the fix) or is skipped because an earlier one failed.
+
+Checks, in order: files, tokenizer, weights (config against checkpoint), buffers
+(``layer_scalar`` present and not reset), artifact (manifest against this environment), port
+(a few greedy tokens against Hugging Face on CPU).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from neuron_port.errors import NeuronPortError
+
+SAMPLE_TEXTS = ("hello world", "the capital of france is paris", "water and fire")
+UNK_FLOOD = 0.2
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # "pass" | "fail" | "skip"
+    detail: str
+    fix: str = ""
+
+
+def tokenizer_problems(model_dir: Path, vocab_size: int, bos_id: int = 2) -> list[str]:
+    """Sanity of ``tokenizer.json``: present, loadable, round trip, no unknown flood, BOS id, vocab size."""
+    from tokenizers import Tokenizer
+
+    path = model_dir / "tokenizer.json"
+    if not path.exists():
+        return [f"{path} is missing: the tokenizer would load with no vocabulary and map text to <unk>"]
+    if path.stat().st_size == 0:
+        return [f"{path} is empty"]
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - any parse failure is the finding
+        return [f"{path} does not load: {exc}"]
+    problems = []
+    size = tok.get_vocab_size()
+    if size < 8:
+        problems.append(f"vocabulary has {size} entries: the tokenizer has effectively no vocabulary")
+    if size > vocab_size:
+        problems.append(f"tokenizer vocabulary {size} is larger than the model's vocab_size {vocab_size}")
+    unk_id = tok.token_to_id("<unk>")
+    for text in SAMPLE_TEXTS:
+        ids = tok.encode(text).ids
+        if not ids:
+            problems.append(f"{text!r} encodes to nothing")
+            continue
+        unk = sum(i == unk_id for i in ids) / len(ids) if unk_id is not None else 0.0
+        if unk > UNK_FLOOD:
+            problems.append(f"{text!r}: {unk:.0%} of its tokens are <unk> (expected at most {UNK_FLOOD:.0%})")
+        elif tok.decode(ids).split() != text.split():
+            problems.append(f"round trip of {text!r} gave {tok.decode(ids)!r}")
+        if max(ids) >= vocab_size:
+            problems.append(f"{text!r} encodes to id {max(ids)} >= the model's vocab_size {vocab_size}")
+    if tok.id_to_token(bos_id) is None:
+        problems.append(f"BOS id {bos_id} is not in the vocabulary (Gemma needs it prepended to every prompt)")
+    return problems
+
+
+def _files(directory: Path, is_artifact: bool) -> Check:
+    want = ["config.json", "tokenizer.json"] + (["manifest.json", "embeddings.safetensors"] if is_artifact else [])
+    missing = [f for f in want if not (directory / f).exists()]
+    if not is_artifact and not list(directory.glob("*.safetensors")):
+        missing.append("*.safetensors")
+    if missing:
+        return Check("files", "fail", f"missing in {directory}: {missing}",
+                     "re-download or re-copy the model directory; a partial download leaves tokenizer.json or shards out")
+    return Check("files", "pass", f"{', '.join(want)} present")
+
+
+def _tokenizer(directory: Path, config) -> Check:
+    problems = tokenizer_problems(directory, int(config.vocab_size), int(config.bos_token_id or 2))
+    if problems:
+        return Check("tokenizer", "fail", "; ".join(problems),
+                     "fix the tokenizer before suspecting the device: try tok('hello world') by hand")
+    return Check("tokenizer", "pass", "round trip, no <unk> flood, BOS present, vocabulary fits the model")
+
+
+def _weights(directory: Path, config) -> tuple[Check, dict[str, torch.Tensor] | None]:
+    from neuron_port.families import family_for
+    from neuron_port.models import read_checkpoint
+
+    family = family_for(config.model_type)
+    state = read_checkpoint(directory, family)
+    with torch.device("meta"):
+        model = family.causal_lm_class(config.model_type)(config)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    params = {n for n, _ in model.named_parameters()}
+    missing = sorted(k for k in expected if k in params and k not in state)
+    wrong = sorted(k for k in expected if k in state and tuple(state[k].shape) != expected[k])
+    if missing or wrong:
+        detail = []
+        if missing:
+            detail.append(f"{len(missing)} parameters missing from the checkpoint, e.g. {missing[:3]}")
+        if wrong:
+            detail.append(f"shape mismatches, e.g. {wrong[0]}: {tuple(state[wrong[0]].shape)} vs config {expected[wrong[0]]}")
+        return Check("weights", "fail", "; ".join(detail),
+                     "the checkpoint does not match config.json (stripped or wrong-size checkpoint)"), None
+    return Check("weights", "pass", f"{len(state)} tensors match the config's shapes"), state
+
+
+def _buffers(state: dict[str, torch.Tensor], config) -> Check:
+    from neuron_port.families import family_for
+
+    family = family_for(config.model_type)
+    name = family.layer_scalar_name()
+    keys = [f"model.layers.{i}.{name}" for i in range(config.num_hidden_layers)]
+    missing = [k for k in keys if k not in state]
+    if missing:
+        return Check("buffers", "fail", f"{len(missing)} of {len(keys)} {name} buffers are missing from the checkpoint",
+                     "a parameter-only save or load dropped them: every layer would over-scale; restore buffers "
+                     "from the original checkpoint (neuron_port.buffers.restore_buffers)")
+    values = torch.stack([state[k].float().reshape(-1)[0] for k in keys])
+    if torch.all(values == 1.0):
+        return Check("buffers", "fail", f"every {name} is exactly 1.0 (the default): the buffers were reset",
+                     "a parameter-only load reset them; restore from the original checkpoint (neuron_port.buffers.restore_buffers)")
+    return Check("buffers", "pass", f"{len(keys)} {name} buffers present, range {values.min():.4g}..{values.max():.4g}")
+
+
+def _artifact(directory: Path) -> Check:
+    from neuron_port.artifact import verify
+
+    try:
+        manifest = verify(directory)
+    except NeuronPortError as exc:
+        return Check("artifact", "fail", str(exc), "rebuild the artifact with `neuron-port compile` in this environment")
+    return Check("artifact", "pass", f"manifest verified ({len(manifest['files'])} files, backend {manifest['backend']}, tp {manifest['tp']})")
+
+
+def _port_model_dir(directory: Path, tokens: int) -> Check:
+    from neuron_port.layout import describe
+    from neuron_port.models import load_model_dir
+    from neuron_port.oracle import classify_divergence, compare_tokens, reference_generate
+    from neuron_port.port import Port, greedy_generate
+
+    model = load_model_dir(directory)
+    prompt = [int(model.config.bos_token_id or 2)] + list(range(4, 4 + 11))
+    ref = reference_generate(model, prompt, tokens)
+    got = greedy_generate(Port(copy.deepcopy(model), describe(model), [16], [64]), [prompt], tokens).tokens[0]
+    return _port_verdict(compare_tokens(got, ref["tokens"]), got, ref, classify_divergence)
+
+
+def _port_artifact(directory: Path, tokens: int) -> Check:
+    from neuron_port.artifact import read_manifest
+    from neuron_port.compiled import generate_from_artifact, reference_model
+    from neuron_port.oracle import classify_divergence, compare_tokens, reference_generate
+
+    manifest = read_manifest(directory)
+    prompt = [2] + list(range(4, 4 + min(11, max(manifest["buckets"]) - 1)))
+    got = generate_from_artifact(directory, [prompt], tokens)["tokens"][0]
+    ref = reference_generate(reference_model(manifest), prompt, tokens)
+    return _port_verdict(compare_tokens(got, ref["tokens"]), got, ref, classify_divergence)
+
+
+def _port_verdict(cmp, got, ref, classify) -> Check:
+    if cmp.match:
+        return Check("port", "pass", f"{len(got)} greedy tokens equal Hugging Face generate on CPU")
+    i = cmp.first_divergence
+    div = classify(i, got[i], ref["logits"][i]) if i < len(got) and i < len(ref["logits"]) else None
+    kind = div.kind if div else "length"
+    return Check("port", "fail", f"first divergence at token {i} ({kind})",
+                 "the CPU reference itself is healthy (earlier checks passed): suspect the port/graphs or the runtime")
+
+
+def run_doctor(directory: str | Path, tokens: int = 8) -> list[Check]:
+    """All checks, cheapest first; later ones are skipped when what they need failed."""
+    from neuron_port.configs import load_config
+
+    directory = Path(directory)
+    is_artifact = (directory / "manifest.json").exists()
+    checks = [_files(directory, is_artifact)]
+    try:
+        config = load_config(directory / "config.json")
+    except NeuronPortError as exc:
+        checks.append(Check("config", "fail", str(exc), "config.json must be a Gemma-4 text or multimodal config"))
+        return checks
+    checks.append(_tokenizer(directory, config))
+    state = None
+    if is_artifact:
+        checks.append(Check("weights", "skip", "artifact: weights are covered by the manifest's file hashes"))
+        checks.append(Check("buffers", "skip", "artifact: buffers are inside the compiled graphs"))
+        checks.append(_artifact(directory))
+    else:
+        weights, state = _weights(directory, config)
+        checks.append(weights)
+        checks.append(_buffers(state, config) if state is not None else Check("buffers", "skip", "weights failed"))
+        checks.append(Check("artifact", "skip", "not an artifact directory"))
+    if any(c.status == "fail" for c in checks):
+        checks.append(Check("port", "skip", "an earlier check failed; fix it first (it is cheaper)"))
+    else:
+        checks.append((_port_artifact if is_artifact else _port_model_dir)(directory, tokens))
+    return checks
+
+
+def report(checks: list[Check]) -> dict[str, Any]:
+    failed = [c for c in checks if c.status == "fail"]
+    return {"ok": not failed, "first_failure": failed[0].name if failed else None, "checks": [asdict(c) for c in checks]}
+
+
+def format_report(checks: list[Check]) -> str:
+    failed = [c for c in checks if c.status == "fail"]
+    lines = [f"FAILED: {failed[0].name} — {failed[0].detail}" if failed else "OK: every check passed"]
+    for c in checks:
+        lines.append(f"[{c.status:4}] {c.name:9} {c.detail}")
+        if c.status == "fail" and c.fix:
+            lines.append(f"        fix: {c.fix}")
+    return "\n".join(lines)
+
+
+__all__ = ["Check", "tokenizer_problems", "run_doctor", "report", "format_report"]
