@@ -2,8 +2,8 @@
 
 ``write_model_dir`` writes ``config.json`` and ``model.safetensors`` of a text CausalLM (buffers
 included), plus a word-level tokenizer built with the ``tokenizers`` library whose vocabulary
-matches the model's: ids 0-3 are ``<pad>``, ``<eos>``, ``<bos>``, ``<unk>`` (Gemma's pad 0,
-eos 1, bos 2), the rest are words. Like Gemma's, the tokenizer does not add BOS itself.
+matches the model's: ids 0-5 are ``<pad>``, ``<eos>``, ``<bos>``, ``<unk>`` (Gemma's pad 0,
+eos 1, bos 2), ``<start_of_turn>``, ``<end_of_turn>`` (for the chat template); the rest are words. Like Gemma's, the tokenizer does not add BOS itself.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from torch import nn
 
 from neuron_port.models import save_model_dir
 
-SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]
+SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
 _WORDS = (
-    "the of and to in is was for on that with as by at from it his an were are which this be or "
+    "user model system the of and to in is was for on that with as by at from it his an were are which this be or "
     "has had not but first one their its new after who they have her she two been other when there "
     "all during into school time may years more most only over city some world would where later up "
     "such used many can state about national out known university united then made hello world paris "

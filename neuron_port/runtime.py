@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -137,7 +137,10 @@ class Generator:
         params: GenerationParams | Sequence[GenerationParams],
         run: BatchRun | None = None,
         keep_logits: bool = False,
+        cancelled: Callable[[int], bool] | None = None,
     ) -> Iterator[TokenEvent]:
+        """Yield every row's tokens step by step. ``cancelled(row)`` -> True stops that row
+        (finish reason ``cancelled``; it keeps running as padding until the batch ends)."""
         port = self.port
         batch = len(prompts)
         rows = list(params) if isinstance(params, (list, tuple)) else [params] * batch
@@ -178,6 +181,8 @@ class Generator:
             next_tok = torch.zeros(batch, dtype=torch.long)
             events = []
             for r in range(batch):
+                if not done[r] and cancelled is not None and cancelled(r):
+                    done[r], run.completions[r].finish_reason = True, "cancelled"
                 if done[r]:
                     next_tok[r] = self.pad_id
                     continue

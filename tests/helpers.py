@@ -35,3 +35,43 @@ def run_cli_process(*args: str, timeout: float = 600) -> CliResult:
         [sys.executable, "-m", "neuron_port", *args], capture_output=True, text=True, timeout=timeout
     )
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+class ServerProcess:
+    """``neuron-port serve ARGS`` on a free 127.0.0.1 port, started and stopped by the test."""
+
+    def __init__(self, *args: str, timeout: float = 120):
+        import socket
+        import time
+        import urllib.request
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "neuron_port", "serve", *args, "--port", str(self.port)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early: {self.proc.stdout.read()}")
+            try:
+                with urllib.request.urlopen(self.base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except Exception:
+                time.sleep(0.3)
+        self.stop()
+        raise RuntimeError("server did not become healthy in time")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
