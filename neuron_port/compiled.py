@@ -98,6 +98,14 @@ def compile_artifact(
     from neuron_port.parallel import run_gloo
     from neuron_port.sharding import plan_model
 
+    if backend == "nxd":
+        from neuron_port.backends import require_backend
+
+        require_backend("nxd")  # without the SDK: the install hint
+        raise ArtifactError(
+            "backend 'nxd': the ModelBuilder path (neuron_port.backends.nxd.build) is not wired into compile_artifact "
+            "yet; build with it directly on an Inferentia2 host"
+        )
     get_backend(backend)  # fail fast (missing SDK) before any work
     family = family_for(model.config.model_type)
     config = family.text_config_of(model)
@@ -213,4 +221,24 @@ def reference_model(manifest: dict[str, Any]) -> nn.Module:
     return model
 
 
-__all__ = ["compile_artifact", "load_port", "generate_from_artifact", "reference_model"]
+def check_in_fresh_process(directory: str | Path, prompt_len: int = 24, max_new_tokens: int = 32,
+                           timeout_s: float = 900) -> dict[str, Any]:
+    """Load the artifact exactly as a server would — a new Python process, from the directory
+    alone — generate, and compare with Hugging Face on the artifact's own checkpoint.
+
+    Returns the ``neuron-port generate --check --json`` result (``seq_match``, ``tokens``,
+    ``reference_tokens``, ``decode_tok_per_s``, ...). Raises ArtifactError with the child's
+    message if it failed.
+    """
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "neuron_port", "generate", str(directory), "--prompt-len", str(prompt_len),
+           "--max-new-tokens", str(max_new_tokens), "--check", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    if not proc.stdout.strip().startswith("{"):
+        raise ArtifactError(f"fresh-process check failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+    return json.loads(proc.stdout)
+
+
+__all__ = ["compile_artifact", "load_port", "generate_from_artifact", "reference_model", "check_in_fresh_process"]

@@ -60,7 +60,12 @@ def model_from_name(name: str, tiny: bool = False, seed: int = 0, dtype: torch.d
 
 
 def read_checkpoint(model_dir: str | Path, family=None) -> dict[str, torch.Tensor]:
-    """Every text tensor of a directory's safetensors files, keys as the text CausalLM names them."""
+    """Every text tensor of a directory's safetensors files, keys as the text CausalLM names them.
+
+    ``family`` defaults to the adapter of the directory's ``config.json``.
+    """
+    if family is None:
+        family = family_for(load_config(model_dir).model_type)
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {model_dir}")

@@ -108,8 +108,21 @@ class Plan:
         return asdict(self)
 
 
+_DEVICE_PARAMS: dict[tuple[Layout, int, bool], int] = {}
+
+
 def device_params_per_core(layout: Layout, config: Any, tp: int, embeddings_on_device: bool = False) -> int:
-    """Parameters one core holds: sharded parts / tp, replicated parts whole (see module doc)."""
+    """Parameters one core holds: sharded parts / tp, replicated parts whole (see module doc).
+
+    Memoised on (layout, tp, embeddings_on_device): the layout fixes every dimension counted.
+    """
+    key = (layout, tp, embeddings_on_device)
+    if key not in _DEVICE_PARAMS:
+        _DEVICE_PARAMS[key] = _count_device_params(layout, config, tp, embeddings_on_device)
+    return _DEVICE_PARAMS[key]
+
+
+def _count_device_params(layout: Layout, config: Any, tp: int, embeddings_on_device: bool) -> int:
     family = family_for(layout.model_type)
     with torch.device("meta"):
         model = family.causal_lm_class(layout.model_type)(config)
