@@ -13,54 +13,41 @@ those 15 owners allocate, sliding owners as rings of the 512-token window.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 
 from neuron_port import describe, load_config
 from neuron_port.buffers import audit_buffers
-from neuron_port.compiled import check_in_fresh_process, compile_artifact
+from neuron_port.compiled import compile_artifact
 from neuron_port.kvcache import kv_store_spec, naive_kv_bytes
-from neuron_port.models import build_model, load_model_dir, read_checkpoint
+from neuron_port.models import load_source, read_checkpoint
 from neuron_port.planner import Target, plan_capacity
+from neuron_port.recipe import recipe_parser, serve_artifact, validate_and_report
 
 NAME = "gemma-4-e2b"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model-dir", help="a local model directory with real weights (default: tiny random weights)")
-    ap.add_argument("--backend", default="cpu", choices=["cpu", "neuron"])
-    ap.add_argument("--target", default="inf2.xlarge")
-    ap.add_argument("--out", help="artifact directory (default: a temporary one)")
-    ap.add_argument("--prompt-len", type=int, default=24)
-    ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--serve", action="store_true", help="serve the artifact over HTTP afterwards")
-    args = ap.parse_args()
+    args = recipe_parser(__doc__.splitlines()[0], tp=1).parse_args()
 
     # 1. Describe: which layers own KV, which read another layer's, what each attends with.
     source = args.model_dir or NAME
-    config = load_config(source, tiny=args.model_dir is None)
+    tiny = args.model_dir is None
+    config = load_config(source, tiny=tiny)
     layout = describe(config)
     shared = [s for s in layout.layers if not s.is_owner]
     print(f"[describe] {layout.num_layers} layers, KV owners {list(layout.kv_owners)}; "
           f"{len(shared)} shared layers read layers {sorted({s.kv_source for s in shared})}")
 
     # 2. Plan at the real dimensions: one core in bf16, and the roofline next to the measured rate.
-    real = load_config(args.model_dir or NAME)
+    real = load_config(source)
     plan = plan_capacity(describe(real), real, NAME, Target.parse(args.target))
     print(f"[plan] recommended tp {plan.recommended_tp}; {plan.per_core_bytes['total'] / 2**30:.1f} GiB per core; "
           f"roofline {plan.roofline_tok_per_s} tok/s, measured {plan.measured_tok_per_s} tok/s")
 
     # 3. Load the weights and make sure no buffer was lost (layer_scalar is a buffer, not a parameter).
-    if args.model_dir:
-        model = load_model_dir(args.model_dir)
-        problems = audit_buffers(model, read_checkpoint(args.model_dir))
-        source_info = {"kind": "dir", "path": str(Path(args.model_dir).resolve())}
-    else:
-        model = build_model(config, seed=0)
-        problems = []
-        source_info = {"kind": "shipped", "name": NAME, "tiny": True, "seed": 0}
+    model, source_info = load_source(source, tiny=tiny)
+    problems = audit_buffers(model, read_checkpoint(args.model_dir)) if args.model_dir else []
     print(f"[load] buffers differing from the checkpoint: {[str(p) for p in problems] or 'none'}")
 
     # 4. No sharding: E2B fits one core.  5. The KV store the graphs will carry.
@@ -76,15 +63,11 @@ def main() -> int:
     print(f"[compile] {len(manifest['files'])} files in {out}, weights fingerprint {manifest['weights_fingerprint'][:16]}…")
 
     # 7. Reload it the way a server will — a fresh process, the directory alone — and check against HF on CPU.
-    result = check_in_fresh_process(out, args.prompt_len, args.max_new_tokens)
-    print(f"[validate] {result['new_tokens']} tokens, decode {result['decode_tok_per_s']} tok/s")
-    print(f"SEQ_MATCH {result['seq_match']}")
+    result = validate_and_report(out, args.prompt_len, args.max_new_tokens)
 
-    # 8. Optionally serve it.
+    # 8. Optionally serve it (OpenAI-compatible API).
     if args.serve:
-        from neuron_port.serve import build_app, load_served, serve
-
-        serve(build_app(lambda: load_served(str(out))))
+        serve_artifact(out)
     return 0 if result["seq_match"] else 1
 
 

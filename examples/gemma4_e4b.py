@@ -12,31 +12,22 @@ the classic "4-vs-8 repeat_kv" bug). KV sharing works as on E2B: layers 0-23 own
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 
 from neuron_port import describe, load_config
 from neuron_port.buffers import audit_buffers
-from neuron_port.compiled import check_in_fresh_process, compile_artifact
-from neuron_port.models import build_model, load_model_dir, read_checkpoint
+from neuron_port.compiled import compile_artifact
+from neuron_port.models import load_source, read_checkpoint
 from neuron_port.planner import Target, plan_capacity
+from neuron_port.recipe import recipe_parser, serve_artifact, validate_and_report
 from neuron_port.sharding import plan_model
 
 NAME = "gemma-4-e4b"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model-dir", help="a local model directory with real weights (default: tiny random weights)")
-    ap.add_argument("--backend", default="cpu", choices=["cpu", "neuron"])
-    ap.add_argument("--tp", type=int, default=2)
-    ap.add_argument("--target", default="inf2.xlarge")
-    ap.add_argument("--out", help="artifact directory (default: a temporary one)")
-    ap.add_argument("--prompt-len", type=int, default=24)
-    ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--serve", action="store_true", help="serve the artifact over HTTP afterwards")
-    args = ap.parse_args()
+    args = recipe_parser(__doc__.splitlines()[0], tp=2).parse_args()
 
     # 1. Describe: 42 layers, owners 0-23, 8 q / 2 kv heads everywhere.
     config = load_config(args.model_dir or NAME, tiny=args.model_dir is None)
@@ -52,13 +43,9 @@ def main() -> int:
         print(f"       - {reason}")
 
     # 3. Load, buffers checked.
+    model, source = load_source(args.model_dir or NAME, tiny=args.model_dir is None)
     if args.model_dir:
-        model = load_model_dir(args.model_dir)
         print(f"[load] buffers differing: {[str(p) for p in audit_buffers(model, read_checkpoint(args.model_dir))] or 'none'}")
-        source = {"kind": "dir", "path": str(Path(args.model_dir).resolve())}
-    else:
-        model = build_model(config, seed=0)
-        source = {"kind": "shipped", "name": NAME, "tiny": True, "seed": 0}
 
     # 4. Shard: the plan every rank follows (q heads, the KV heads they need, the repeat factor).
     shard_plan = plan_model(layout, args.tp)
@@ -74,14 +61,9 @@ def main() -> int:
     print(f"[compile] tp {manifest['tp']}: {len(manifest['files'])} files in {out}")
 
     # 7. Reload in a fresh process (the ranks load their own graphs) and check against HF on CPU.
-    result = check_in_fresh_process(out, args.prompt_len, args.max_new_tokens)
-    print(f"[validate] {result['new_tokens']} tokens, decode {result['decode_tok_per_s']} tok/s")
-    print(f"SEQ_MATCH {result['seq_match']}")
-
+    result = validate_and_report(out, args.prompt_len, args.max_new_tokens)
     if args.serve:
-        from neuron_port.serve import build_app, load_served, serve
-
-        serve(build_app(lambda: load_served(str(out))))
+        serve_artifact(out)
     return 0 if result["seq_match"] else 1
 
 

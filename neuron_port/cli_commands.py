@@ -88,6 +88,18 @@ def _divergence(tokens: list[int], reference: list[int], ref_logits) -> dict | N
     return {"index": i, "kind": "length differs"}
 
 
+def _emit_generation(out: dict[str, Any], args: argparse.Namespace) -> int:
+    """Print a generation result (JSON or key: value lines, plus SEQ_MATCH with --check); the exit code."""
+    if args.json:
+        _print_json(out)
+    else:
+        for key, value in out.items():
+            print(f"{key}: {value}")
+        if args.check:
+            print(f"SEQ_MATCH {out['seq_match']}")
+    return 0 if (not args.check or out["seq_match"]) else 1
+
+
 def _cmd_port(args: argparse.Namespace) -> int:
     from neuron_port.models import model_from_name
     from neuron_port.oracle import reference_generate
@@ -144,14 +156,7 @@ def _cmd_port(args: argparse.Namespace) -> int:
                 out["rows"][row]["reference_tokens"] = ref["tokens"]
                 out["rows"][row]["seq_match"] = matches[-1]
         out["seq_match"] = all(matches)
-    if args.json:
-        _print_json(out)
-    else:
-        for key, value in out.items():
-            print(f"{key}: {value}")
-        if args.check:
-            print(f"SEQ_MATCH {out['seq_match']}")
-    return 0 if (not args.check or out["seq_match"]) else 1
+    return _emit_generation(out, args)
 
 
 @register
@@ -185,15 +190,11 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
     from neuron_port.backends import require_backend
     from neuron_port.compiled import compile_artifact
-    from neuron_port.models import model_from_name
+    from neuron_port.models import load_source
 
     if args.backend in ("neuron", "nxd"):
         require_backend(args.backend)
-    if Path(args.model).is_dir():
-        source = {"kind": "dir", "path": str(Path(args.model).resolve())}
-    else:
-        source = {"kind": "shipped", "name": args.model, "tiny": args.tiny, "seed": args.seed}
-    model = model_from_name(args.model, tiny=args.tiny, seed=args.seed)
+    model, source = load_source(args.model, tiny=args.tiny, seed=args.seed)
     tok_dir = args.model if Path(args.model).is_dir() else None
     manifest = compile_artifact(model, args.out, source, args.buckets, args.kv_lens, args.tp, args.backend,
                                 args.batch, tok_dir)
@@ -265,14 +266,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         out["reference_tokens"] = ref["tokens"]
         out["divergence"] = _divergence(out["tokens"], ref["tokens"], ref["logits"])
         out["seq_match"] = out["tokens"] == ref["tokens"]
-    if args.json:
-        _print_json(out)
-    else:
-        for key, value in out.items():
-            print(f"{key}: {value}")
-        if args.check:
-            print(f"SEQ_MATCH {out['seq_match']}")
-    return 0 if (not args.check or out["seq_match"]) else 1
+    return _emit_generation(out, args)
 
 
 @register

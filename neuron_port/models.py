@@ -59,6 +59,18 @@ def model_from_name(name: str, tiny: bool = False, seed: int = 0, dtype: torch.d
     return build_model(load_config(name, tiny=tiny), seed=seed, dtype=dtype)
 
 
+def load_source(name: str, tiny: bool = False, seed: int = 0) -> tuple[nn.Module, dict[str, Any]]:
+    """The model for ``name`` and the record of where its weights came from.
+
+    The record (``{"kind": "dir", "path"}`` or ``{"kind": "shipped", "name", "tiny", "seed"}``)
+    goes into an artifact's manifest, so a later check can rebuild the same CPU reference.
+    """
+    path = Path(name)
+    if path.is_dir():
+        return model_from_name(name), {"kind": "dir", "path": str(path.resolve())}
+    return model_from_name(name, tiny=tiny, seed=seed), {"kind": "shipped", "name": name, "tiny": tiny, "seed": seed}
+
+
 def read_checkpoint(model_dir: str | Path, family=None) -> dict[str, torch.Tensor]:
     """Every text tensor of a directory's safetensors files, keys as the text CausalLM names them.
 
@@ -125,4 +137,4 @@ def save_model_dir(model: nn.Module, out_dir: str | Path) -> Path:
     return out
 
 
-__all__ = ["force_eager", "build_model", "model_from_name", "read_checkpoint", "load_model_dir", "save_model_dir"]
+__all__ = ["force_eager", "build_model", "model_from_name", "load_source", "read_checkpoint", "load_model_dir", "save_model_dir"]

@@ -75,3 +75,12 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+def run_cli_json(*args: str):
+    """``neuron-port ARGS --json`` in this process; the parsed JSON (asserting a zero exit)."""
+    import json
+
+    res = run_cli(*args, "--json")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)

@@ -14,12 +14,11 @@ from neuron_port.models import build_model
 
 
 from tests.helpers import run_cli as _cli
+from tests.helpers import run_cli_json
 
 
 def _describe_json(*args):
-    proc = _cli("describe", *args, "--json")
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return run_cli_json("describe", *args)
 
 
 def test_describe_e2b_real():

@@ -13,15 +13,13 @@ from neuron_port.planner import TARGETS, Target, device_params_per_core, plan_ca
 from neuron_port.port import Port
 from neuron_port.sharding import plan_model
 from neuron_port.models import build_model
-from tests.helpers import run_cli
+from tests.helpers import run_cli, run_cli_json
 
 MiB = 1 << 20
 
 
 def _plan_json(*args):
-    res = run_cli("plan", *args, "--json")
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
+    return run_cli_json("plan", *args)
 
 
 def test_plan_recommendations_and_reasons():

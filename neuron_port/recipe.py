@@ -1,0 +1,45 @@
+"""What every port recipe does the same way: its command line, validating the shipped artifact, serving it.
+
+A recipe (see ``examples/``) tells the story of one port; these helpers keep the parts that
+are identical for every model out of that story.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def recipe_parser(description: str, tp: int = 1) -> argparse.ArgumentParser:
+    """The standard recipe options: real weights or tiny, backend, TP degree, target, output, lengths, serve."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--model-dir", help="a local model directory with real weights (default: tiny random weights)")
+    ap.add_argument("--backend", default="cpu", choices=["cpu", "neuron"])
+    ap.add_argument("--tp", type=int, default=tp, help="tensor-parallel degree")
+    ap.add_argument("--target", default="inf2.xlarge", help="planner target (inf2.xlarge, inf2.8xlarge, custom:...)")
+    ap.add_argument("--out", help="directory for the artifact (default: a temporary one)")
+    ap.add_argument("--prompt-len", type=int, default=24)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--serve", action="store_true", help="serve the artifact over HTTP afterwards")
+    return ap
+
+
+def validate_and_report(artifact: str | Path, prompt_len: int, max_new_tokens: int) -> dict[str, Any]:
+    """Reload the artifact in a fresh process, compare with Hugging Face on CPU, print ``SEQ_MATCH``."""
+    from neuron_port.compiled import check_in_fresh_process
+
+    result = check_in_fresh_process(artifact, prompt_len, max_new_tokens)
+    print(f"[validate] {result['new_tokens']} tokens, decode {result['decode_tok_per_s']} tok/s")
+    print(f"SEQ_MATCH {result['seq_match']}")
+    return result
+
+
+def serve_artifact(artifact: str | Path, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Serve a verified artifact with the OpenAI-compatible server (needs the ``serve`` extra)."""
+    from neuron_port.serve import build_app, load_served, serve
+
+    serve(build_app(lambda: load_served(str(artifact))), host=host, port=port)
+
+
+__all__ = ["recipe_parser", "validate_and_report", "serve_artifact"]
