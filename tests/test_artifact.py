@@ -197,3 +197,33 @@ def test_neuron_trace_of_the_tiny_decode_graph():
 def test_nxd_build_and_reload():
     """Runs only where neuronx-distributed is installed."""
     import neuronx_distributed  # noqa: F401
+
+
+def test_nxd_checkpoint_column_split_gives_each_rank_its_planned_kv_heads():
+    """NxD splits columns evenly; the expanded K/V rows make that split equal the library's plan."""
+    from neuron_port.backends.nxd import expanded_kv_rows, nxd_checkpoint
+    from neuron_port.errors import ShardingError
+    from neuron_port.sharding import head_rows, plan_attention, plan_model
+
+    model = build_model(load_config("gemma-4-12b", tiny=True), seed=0)
+    layout = describe(model)
+    for tp in (2, 4):
+        state = nxd_checkpoint(model, layout, tp, layer_dtype=torch.bfloat16)
+        plan = plan_model(layout, tp)
+        for spec in layout.layers:
+            k = state[f"model.layers.{spec.index}.self_attn.k_proj.weight"]
+            original = model.state_dict()[f"model.layers.{spec.index}.self_attn.k_proj.weight"]
+            for rank, part in zip(plan.layers[spec.index].plan.ranks, k.chunk(tp, dim=0)):
+                assert torch.equal(part.float(), head_rows(original, rank.kv_heads, spec.head_dim).to(torch.bfloat16).float())
+        assert sum(key.endswith("layer_scalar") for key in state) == layout.num_layers
+    with pytest.raises(ShardingError):
+        expanded_kv_rows(torch.zeros(2 * 4, 8), plan_attention(6, 2, 3), 4)  # ranks hold 1, 2 and 1 KV heads
+
+
+def test_nxd_parallel_layers_need_the_sdk():
+    from neuron_port.backends import BackendUnavailableError
+    from neuron_port.backends.nxd import parallelize_for_nxd
+
+    model = build_model(load_config("gemma-4-e4b", tiny=True), seed=0)
+    with pytest.raises(BackendUnavailableError, match="pip.repos.neuron.amazonaws.com"):
+        parallelize_for_nxd(model, describe(model), 2)

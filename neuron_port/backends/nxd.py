@@ -2,8 +2,11 @@
 
 What this module builds, all from the library's own shard plan (:mod:`neuron_port.sharding`):
 
-* a checkpoint per rank (:func:`rank_checkpoints`) with buffers such as ``layer_scalar``
-  restored — NxD's own sharding loads parameters only, which silently over-scales every layer;
+* NxD's ColumnParallel / RowParallel layers sized by the plan (:func:`parallelize_for_nxd`) and
+  the full checkpoint its sharding splits (:func:`nxd_checkpoint`): K/V rows expanded so an even
+  column split hands every rank exactly the KV heads the plan gives it (replicated heads repeated),
+  with buffers such as ``layer_scalar`` carried explicitly — NxD's own sharding loads parameters
+  only, which silently over-scales every layer; :func:`rank_checkpoints` gives the per-rank view;
 * the KV store as ``nn.Parameter``s of a wrapper module (:class:`KVResident`) and the
   ``input_output_aliases`` map that keeps them on the device (:func:`alias_map`);
 * a ModelBuilder with a ``prefill`` and a ``decode`` key, traced and sharded, saved with
@@ -30,10 +33,78 @@ from torch import nn
 
 from neuron_port.backends import require_backend
 from neuron_port.buffers import persistent_buffers
+from neuron_port.errors import ShardingError
+from neuron_port.families import family_for
 from neuron_port.layout import Layout
 from neuron_port.parallel import CHILD_ENV, is_tp_child
 from neuron_port.shard_model import shard_model
-from neuron_port.sharding import plan_model
+from neuron_port.sharding import AttentionPlan, head_rows, plan_model
+
+
+def expanded_kv_rows(weight: torch.Tensor, plan: AttentionPlan, head_dim: int) -> torch.Tensor:
+    """K or V projection rows laid out so an even column split over ``tp`` gives rank r exactly
+    ``plan.ranks[r].kv_heads`` — replicated heads repeated, sharded heads in place.
+
+    weight: [n_kv * head_dim, hidden] -> [tp * local_kv * head_dim, hidden]
+    """
+    counts = {len(r.kv_heads) for r in plan.ranks}
+    if len(counts) != 1:
+        raise ShardingError(f"ranks hold different KV-head counts {sorted(counts)}; an even column split cannot express it")
+    return torch.cat([head_rows(weight, r.kv_heads, head_dim) for r in plan.ranks], dim=0)
+
+
+def nxd_checkpoint(model: nn.Module, layout: Layout, tp: int, layer_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The full checkpoint NxD's sharding splits: K/V rows expanded by the plan, buffers included,
+    optionally cast to the layer dtype (bf16 halves the neff)."""
+    plan = plan_model(layout, tp)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    for name, buf in persistent_buffers(model).items():
+        state[name] = buf.detach().clone()  # NxD loads parameters only: carry the buffers explicitly
+    family = family_for(layout.model_type)
+    for spec, layer in zip(layout.layers, family.decoder_layers(model)):
+        attn = family.attention(layer)
+        for proj in ("k_proj", "v_proj"):
+            module = getattr(attn, proj, None)
+            if module is not None:
+                key = f"model.layers.{spec.index}.self_attn.{proj}.weight"
+                state[key] = expanded_kv_rows(module.weight.detach(), plan.layers[spec.index].plan, spec.head_dim)
+    if layer_dtype is not None:
+        state = {k: (v.to(layer_dtype) if v.is_floating_point() else v) for k, v in state.items()}
+    return state
+
+
+def parallelize_for_nxd(model: nn.Module, layout: Layout, tp: int, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Replace projections with NxD's ColumnParallelLinear / RowParallelLinear sized by the plan.
+
+    Runs inside an NxD rank worker (parallel state initialised). q, expanded k/v, gate and up are
+    column-parallel without gathering; o and down are row-parallel with the all-reduce. Plans
+    whose ranks straddle KV groups need per-rank gather matrices, which one SPMD graph cannot
+    carry as constants: they are refused with the reason.
+    """
+    require_backend("nxd")
+    from neuronx_distributed.parallel_layers import ColumnParallelLinear, RowParallelLinear
+
+    plan = plan_model(layout, tp)
+    family = family_for(layout.model_type)
+    h = layout.hidden_size
+    for spec, layer in zip(layout.layers, family.decoder_layers(model)):
+        heads = plan.layers[spec.index].plan
+        if not heads.uniform:
+            raise ShardingError(f"layer {spec.index}: {spec.n_q} q / {spec.n_kv} kv at tp {tp} straddles KV groups; "
+                                "the nxd backend supports shard and replicate plans only")
+        d, local_kv = spec.head_dim, len(heads.ranks[0].kv_heads)
+        attn = family.attention(layer)
+        attn.q_proj = ColumnParallelLinear(h, spec.n_q * d, bias=False, gather_output=False, dtype=dtype)
+        for proj in ("k_proj", "v_proj"):
+            if getattr(attn, proj, None) is not None:
+                setattr(attn, proj, ColumnParallelLinear(h, tp * local_kv * d, bias=False, gather_output=False, dtype=dtype))
+        attn.o_proj = RowParallelLinear(spec.n_q * d, h, bias=False, input_is_parallel=True, dtype=dtype)
+        attn.num_key_value_groups = heads.ranks[0].groups
+        mlp = family.mlp(layer)
+        mlp.gate_proj = ColumnParallelLinear(h, spec.intermediate_size, bias=False, gather_output=False, dtype=dtype)
+        mlp.up_proj = ColumnParallelLinear(h, spec.intermediate_size, bias=False, gather_output=False, dtype=dtype)
+        mlp.down_proj = RowParallelLinear(spec.intermediate_size, h, bias=False, input_is_parallel=True, dtype=dtype)
+    return model
 
 
 def rank_checkpoints(model: nn.Module, layout: Layout, tp: int, layer_dtype: torch.dtype | None = None) -> list[dict[str, torch.Tensor]]:
@@ -91,7 +162,12 @@ def build(
     out_dir: Path,
     compiler_args: str = "--model-type=transformer --auto-cast=none",
 ) -> Path:
-    """Trace both keys with ModelBuilder, save the executor and the sharded checkpoints."""
+    """Trace both keys with ModelBuilder, save the executor and the sharded checkpoints.
+
+    ``make_prefill`` / ``make_decode`` build :class:`KVResident` graphs over a model passed through
+    :func:`parallelize_for_nxd`; ``checkpoint_loader`` is typically
+    ``lambda: nxd_checkpoint(model, layout, tp, torch.bfloat16)`` (buffers included).
+    """
     if is_tp_child():
         raise RuntimeError(f"nxd build called inside a rank worker ({CHILD_ENV}=1): refusing to re-spawn")
     require_backend("nxd")
@@ -124,4 +200,5 @@ def load(artifact_dir: Path, start_rank: int = 0) -> Any:
     return model
 
 
-__all__ = ["rank_checkpoints", "save_rank_checkpoints", "KVResident", "alias_map", "build", "load"]
+__all__ = ["expanded_kv_rows", "nxd_checkpoint", "parallelize_for_nxd", "rank_checkpoints", "save_rank_checkpoints",
+           "KVResident", "alias_map", "build", "load"]
