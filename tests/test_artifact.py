@@ -193,12 +193,6 @@ def test_neuron_trace_of_the_tiny_decode_graph():
     assert greedy_generate(port, [[2, 5, 6, 7]], 8).tokens
 
 
-@pytest.mark.neuron
-def test_nxd_build_and_reload():
-    """Runs only where neuronx-distributed is installed."""
-    import neuronx_distributed  # noqa: F401
-
-
 def test_nxd_checkpoint_column_split_gives_each_rank_its_planned_kv_heads():
     """NxD splits columns evenly; the expanded K/V rows make that split equal the library's plan."""
     from neuron_port.backends.nxd import expanded_kv_rows, nxd_checkpoint
