@@ -67,10 +67,7 @@ class Layout:
 
     def to_json(self) -> dict[str, Any]:
         """JSON fields: model_type, num_layers, layers, kv_owners, params (+ a few extras)."""
-        layers = []
-        for spec in self.layers:
-            entry = asdict(spec)
-            layers.append(entry)
+        layers = [asdict(spec) for spec in self.layers]
         return {
             "model_type": self.model_type,
             "num_layers": self.num_layers,

@@ -14,7 +14,6 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import torch
 from torch import nn
 
 from neuron_port.layout import Layout, describe
@@ -39,7 +38,7 @@ def _generate_on(model: nn.Module, layout: Layout, job: GenerationJob, kv_heads=
     port = Port(model, layout, job.buckets, job.kv_len, job.ring_buffers, kv_heads)
     result = greedy_generate(port, job.prompts, job.max_new_tokens, job.stop_ids, keep_logits=job.keep_logits)
     batch = len(job.prompts)
-    dtype_bytes = port.dtype.itemsize if hasattr(port.dtype, "itemsize") else torch.finfo(port.dtype).bits // 8
+    dtype_bytes = port.dtype.itemsize
     out = {
         "tokens": result.tokens,
         "finish_reasons": result.finish_reasons,
