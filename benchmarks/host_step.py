@@ -1,8 +1,9 @@
 """Host work per decode step at real Gemma-4 dimensions, against a straightforward peer.
 
 Measures, for a 262,144-entry vocabulary: sampling with top-k/top-p through the library's
-fast path vs the dense reference (softcap and sort over the whole vocabulary), and the
-decode-step host inputs (masks and one-hot writes) for a KV length. Prints JSON with ratios.
+fast path vs the dense reference (softcap and sort over the whole vocabulary); and the
+decode-step host inputs (embeddings, masks, one-hot writes) written into preallocated tensors
+vs built fresh each step. Prints JSON with ratios.
 
     python benchmarks/host_step.py [--vocab 262144] [--kv-len 2048] [--repeats 20]
 """
@@ -16,6 +17,8 @@ import time
 import torch
 
 from neuron_port import masks
+from neuron_port.embedding import HostEmbeddings
+from neuron_port.scratch import DecodeScratch
 from neuron_port.sampling import SamplingParams, filtered_distribution, reference_distribution
 
 
@@ -45,11 +48,28 @@ def main() -> None:
         lambda: (masks.decode_masks(pos, args.kv_len, args.window, args.window), masks.decode_writes(pos, args.kv_len, args.window)),
         args.repeats,
     )
+    # Whole decode-step host inputs at E2B's real widths (hidden 1536, 35 layers x 256 per-layer
+    # inputs, bf16 tables); the tables hold 32,768 rows here, since a gather's cost does not depend
+    # on how many rows it could have picked.
+    rows, hidden, layers, per_layer = 32768, 1536, 35, 256
+    emb = HostEmbeddings(torch.randn(rows, hidden).bfloat16(), torch.randn(rows, layers * per_layer).bfloat16(), layers, per_layer)
+    scratch = DecodeScratch(1, args.kv_len, args.window, args.window, emb, torch.bfloat16)
+    tok = torch.tensor([123])
+
+    def fresh():
+        emb.embed(tok[:, None])
+        masks.decode_masks(pos, args.kv_len, args.window, args.window, torch.bfloat16)
+        masks.decode_writes(pos, args.kv_len, args.window, torch.bfloat16)
+
+    preallocated_ms = _time(lambda: scratch.fill(tok, pos), args.repeats)
+    fresh_ms = _time(fresh, args.repeats)
     print(json.dumps({
         "vocab": args.vocab,
         "sampling_ms": {"library_topk_topp": round(fast, 3), "dense_reference": round(dense, 3),
                         "ratio_reference_over_library": round(dense / fast, 2), "greedy_argmax": round(greedy, 3)},
         "decode_masks_and_writes_ms": round(step_inputs, 4),
+        "decode_host_inputs_ms": {"preallocated": round(preallocated_ms, 4), "fresh_tensors": round(fresh_ms, 4),
+                                  "ratio_fresh_over_preallocated": round(fresh_ms / preallocated_ms, 2)},
         "kv_len": args.kv_len,
         "threads": torch.get_num_threads(),
     }, indent=2))

@@ -25,6 +25,7 @@ from neuron_port.errors import BucketError
 from neuron_port.graphs import DecodeGraph, PrefillGraph
 from neuron_port.kvcache import KVStoreSpec, grow, kv_store_spec
 from neuron_port.layout import Layout
+from neuron_port.scratch import DecodeScratch
 
 Runnable = Callable[..., Sequence[torch.Tensor]]
 
@@ -81,6 +82,7 @@ class Port:
         self.prefill_runners: dict[int, Runnable] = dict(prefill)
         self.decode_runners: dict[int, Runnable] = dict(decode)
         self._positions = torch.arange(buckets[-1])
+        self._scratch: dict[tuple[int, int], DecodeScratch] = {}
 
     def example_inputs_prefill(self, bucket: int, batch: int = 1) -> list[torch.Tensor]:
         """Inputs of the right shapes (a full-bucket prompt) for tracing a prefill graph."""
@@ -125,8 +127,19 @@ class Port:
         last = masks.last_token_onehot(lengths, bucket, self.dtype)
         return [embeds, per_layer, positions, m_full, m_slide, w_full, w_slide, last]
 
+    def decode_inputs(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int | None = None) -> list[torch.Tensor]:
+        """The decode step's 8 inputs written into preallocated tensors (reused every step).
+
+        Same values as :meth:`host_inputs_decode`; consume them before the next call.
+        """
+        kv = kv_len or self.kv_len
+        key = (int(tokens.shape[0]), kv)
+        if key not in self._scratch:
+            self._scratch[key] = DecodeScratch(key[0], kv, self.rings[kv], self.layout.sliding_window, self.embeddings, self.dtype)
+        return self._scratch[key].fill(tokens, positions)
+
     def host_inputs_decode(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int | None = None) -> list[torch.Tensor]:
-        """tokens [batch], positions [batch] -> the decode graph's 8 inputs for ``kv_len``."""
+        """tokens [batch], positions [batch] -> the decode graph's 8 inputs for ``kv_len`` (fresh tensors)."""
         kv = kv_len or self.kv_len
         ring = self.rings[kv]
         embeds, per_layer = self.embeddings.embed(tokens[:, None])

@@ -1,7 +1,8 @@
 """The generation runtime: the host loop between two device graphs.
 
-Per step the host builds masks and one-hot writes, gathers embeddings, samples from raw
-logits (softcap only where sampling needs it), and checks stop conditions. Rows of a batch
+Per step the host rewrites masks, one-hot writes and embeddings into preallocated tensors
+(:mod:`neuron_port.scratch`), samples from raw logits (softcap only where sampling needs it),
+and checks stop conditions. Rows of a batch
 decode together (static batching): each row has its own position, masks, ring slots, sampling
 stream and stop state, and a finished row keeps running as padding without changing the others.
 
@@ -217,7 +218,7 @@ class Generator:
                 store = port.grow_store(store, kv, new_kv, positions - 1)
                 kv = new_kv
             step_pos = torch.clamp(positions, max=kv - 1)
-            inputs = port.host_inputs_decode(next_tok, step_pos, kv)
+            inputs = port.decode_inputs(next_tok, step_pos, kv)
             step_host = time.perf_counter() - h0
             g0 = time.perf_counter()
             out = port.decode_runners[kv](*inputs, *store)

@@ -4,6 +4,9 @@ import copy
 import json
 
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from neuron_port import describe, load_config
 from neuron_port.errors import BucketError
@@ -15,10 +18,12 @@ from neuron_port.runtime import GenerationParams, Generator
 from neuron_port.sampling import SamplingParams
 from tests.helpers import run_cli
 
+_TINY_E2B = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
+
 
 @pytest.fixture(scope="module")
 def e2b():
-    return build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
+    return _TINY_E2B
 
 
 def _generator(model, buckets=(32,), kv_lens=(128,), tokenizer=None):
@@ -119,3 +124,28 @@ def test_port_cli_batch_of_four_checked_row_by_row():
     assert len({r["prompt_tokens"] for r in d["rows"]}) == 4
     assert all(r["seq_match"] for r in d["rows"])
     assert d["host_ms_per_token"] > 0
+
+
+@given(st.integers(1, 4), st.sampled_from([(16, 8), (32, None), (8, None), (64, 8)]), st.data())
+@settings(max_examples=40)
+def test_preallocated_decode_inputs_equal_the_reference_builders(batch, kv_ring, data):
+    """The in-place scratch path gives exactly the masks/writes/embeddings of the reference functions."""
+    kv_len, ring = kv_ring
+    model = copy.deepcopy(_TINY_E2B)  # graphs switch their model's attention function; keep the reference's
+    port = Port(model, describe(model), [8], [kv_len], ring_buffers=ring is not None)
+    assert port.rings[kv_len] == ring
+    for _ in range(3):  # reuse the same scratch tensors across steps
+        positions = torch.tensor(data.draw(st.lists(st.integers(0, kv_len - 1), min_size=batch, max_size=batch)))
+        tokens = torch.tensor(data.draw(st.lists(st.integers(0, 511), min_size=batch, max_size=batch)))
+        want = port.host_inputs_decode(tokens, positions, kv_len)
+        got = port.decode_inputs(tokens, positions, kv_len)
+        for name, a, b in zip(("embeds", "per_layer", "positions", "mask_full", "mask_sliding", "write_full",
+                               "write_sliding", "last"), got, want):
+            assert a.shape == b.shape and torch.equal(a, b), name
+
+
+def test_decode_step_reuses_its_buffers(e2b):
+    port = Port(copy.deepcopy(e2b), describe(e2b), [8], [32])
+    first = port.decode_inputs(torch.tensor([5]), torch.tensor([9]), 32)
+    second = port.decode_inputs(torch.tensor([6]), torch.tensor([10]), 32)
+    assert all(a.data_ptr() == b.data_ptr() for a, b in zip(first, second))
