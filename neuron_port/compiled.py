@@ -34,7 +34,7 @@ from neuron_port.backends import get_backend
 from neuron_port.configs import config_to_dict
 from neuron_port.embedding import HostEmbeddings, load_host_embeddings
 from neuron_port.families import family_for
-from neuron_port.layout import describe
+from neuron_port.layout import Layout, describe
 from neuron_port.port import Port
 
 
@@ -48,10 +48,10 @@ def _kv_layout(port: Port) -> dict[str, list[dict[str, Any]]]:
     }
 
 
-def _build_rank(model: nn.Module, rank_dir: Path, buckets, kv_lens, backend_name: str, kv_heads=None, batch: int = 1) -> dict:
+def _build_rank(model: nn.Module, layout: Layout, rank_dir: Path, buckets, kv_lens, backend_name: str, kv_heads=None,
+                batch: int = 1) -> dict:
     """Compile one rank's graphs into ``rank_dir``; returns its KV layout."""
     backend = get_backend(backend_name)
-    layout = describe(model)
     port = Port(model, layout, buckets, kv_lens, kv_heads=kv_heads)
     rank_dir.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
@@ -74,7 +74,7 @@ def _build_tp_rank(model_dir: str, out_dir: str, buckets, kv_lens, backend_name:
     layout = describe(model)
     plan = plan_model(layout, tp)
     shard = shard_model(model, layout, rank, tp, process_group_reduce, plan, inplace=True)
-    return _build_rank(shard, Path(out_dir) / f"rank{rank}", buckets, kv_lens, backend_name, plan.local_kv_heads(rank), batch)
+    return _build_rank(shard, layout, Path(out_dir) / f"rank{rank}", buckets, kv_lens, backend_name, plan.local_kv_heads(rank), batch)
 
 
 def compile_artifact(
@@ -127,7 +127,7 @@ def compile_artifact(
 
             write_tokenizer(tmp, int(config.vocab_size))  # the demo tokenizer of the tiny variants
         if tp == 1:
-            layouts = [_build_rank(copy.deepcopy(model), tmp / "rank0", buckets, kv_lens, backend, batch=batch)]
+            layouts = [_build_rank(copy.deepcopy(model), layout, tmp / "rank0", buckets, kv_lens, backend, batch=batch)]
         else:
             with tempfile.TemporaryDirectory(prefix="neuron_port_model_") as model_dir:
                 save_model_dir(model, model_dir)
@@ -175,24 +175,27 @@ def load_port(directory: str | Path, rank: int = 0, allow_version_mismatch: bool
     return port
 
 
-def _generate_rank(directory: str, prompts, max_new_tokens: int, stop_ids, allow: bool, rank: int, reduce) -> dict:
+def _generate_rank(directory: str, prompts, max_new_tokens: int, stop_ids, manifest: dict, rank: int, reduce) -> dict:
     from neuron_port.port import greedy_generate
 
-    port = load_port(directory, rank, allow)
-    result = greedy_generate(port, prompts, max_new_tokens, stop_ids)
-    return {"tokens": result.tokens, "finish_reasons": result.finish_reasons, "prefill_s": result.prefill_s,
-            "decode_s": result.decode_s, "decode_steps": result.decode_steps, "host_s": result.host_s}
+    port = load_port(directory, rank, manifest=manifest)
+    return greedy_generate(port, prompts, max_new_tokens, stop_ids).to_json()
 
 
 def generate_from_artifact(directory: str | Path, prompts: list[list[int]], max_new_tokens: int,
-                           stop_ids: Sequence[int] = (), allow_version_mismatch: bool = False) -> dict[str, Any]:
-    """Greedy generation from an artifact directory alone (gloo ranks when it is TP)."""
+                           stop_ids: Sequence[int] = (), allow_version_mismatch: bool = False,
+                           manifest: dict | None = None) -> dict[str, Any]:
+    """Greedy generation from an artifact directory alone (gloo ranks when it is TP).
+
+    ``manifest``: one already returned by :func:`artifact.verify` for this directory; otherwise
+    the artifact is verified here. The ranks reuse it instead of hashing every file again.
+    """
     from neuron_port.parallel import run_gloo
 
-    manifest = verify(directory, allow_version_mismatch)
+    manifest = manifest or verify(directory, allow_version_mismatch)
     if int(manifest["batch"]) != len(prompts):
         raise ArtifactError(f"field batch: the graphs were compiled for batch {manifest['batch']}, found {len(prompts)} prompts")
-    fn = functools.partial(_generate_rank, str(directory), prompts, max_new_tokens, list(stop_ids), allow_version_mismatch)
+    fn = functools.partial(_generate_rank, str(directory), prompts, max_new_tokens, list(stop_ids), manifest)
     if int(manifest["tp"]) == 1:
         return fn(0, None)
     return run_gloo(fn, int(manifest["tp"]))[0]

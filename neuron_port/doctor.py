@@ -12,7 +12,6 @@ Checks, in order: files, tokenizer, weights (config against checkpoint), buffers
 
 from __future__ import annotations
 
-import copy
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -141,15 +140,14 @@ def _artifact(directory: Path) -> Check:
 
 
 def _port_model_dir(directory: Path, tokens: int) -> Check:
-    from neuron_port.layout import describe
     from neuron_port.models import load_model_dir
     from neuron_port.oracle import classify_divergence, compare_tokens, reference_generate
-    from neuron_port.port import Port, greedy_generate
+    from neuron_port.run import GenerationJob, generate_with_port
 
     model = load_model_dir(directory)
     prompt = [int(model.config.bos_token_id or 2)] + list(range(4, 4 + 11))
     ref = reference_generate(model, prompt, tokens)
-    got = greedy_generate(Port(copy.deepcopy(model), describe(model), [16], [64]), [prompt], tokens).tokens[0]
+    got = generate_with_port(model, GenerationJob([prompt], tokens, [16], 64))["tokens"][0]
     return _port_verdict(compare_tokens(got, ref["tokens"]), got, ref, classify_divergence)
 
 
@@ -158,9 +156,9 @@ def _port_artifact(directory: Path, tokens: int) -> Check:
     from neuron_port.compiled import generate_from_artifact, reference_model
     from neuron_port.oracle import classify_divergence, compare_tokens, reference_generate
 
-    manifest = read_manifest(directory)
+    manifest = read_manifest(directory)  # the artifact check, which runs first, verified it
     prompt = [2] + list(range(4, 4 + min(11, max(manifest["buckets"]) - 1)))
-    got = generate_from_artifact(directory, [prompt], tokens)["tokens"][0]
+    got = generate_from_artifact(directory, [prompt], tokens, manifest=manifest)["tokens"][0]
     ref = reference_generate(reference_model(manifest), prompt, tokens)
     return _port_verdict(compare_tokens(got, ref["tokens"]), got, ref, classify_divergence)
 

@@ -168,8 +168,14 @@ class GreedyResult:
     step_logits: list[torch.Tensor] = field(default_factory=list)
 
     @property
-    def decode_tok_per_s(self) -> float:
-        return self.decode_steps / self.decode_s if self.decode_s > 0 else 0.0
+    def decode_tok_per_s(self) -> float | None:
+        return round(self.decode_steps / self.decode_s, 3) if self.decode_s > 0 else None
+
+    def to_json(self) -> dict:
+        """Tokens, finish reasons and timings as JSON-able data (logits excluded)."""
+        return {"tokens": self.tokens, "finish_reasons": self.finish_reasons, "prefill_s": self.prefill_s,
+                "decode_s": self.decode_s, "decode_steps": self.decode_steps, "host_s": self.host_s,
+                "decode_tok_per_s": self.decode_tok_per_s}
 
 
 def greedy_generate(

@@ -40,12 +40,7 @@ def _generate_on(model: nn.Module, layout: Layout, job: GenerationJob, kv_heads=
     batch = len(job.prompts)
     dtype_bytes = port.dtype.itemsize
     out = {
-        "tokens": result.tokens,
-        "finish_reasons": result.finish_reasons,
-        "prefill_s": result.prefill_s,
-        "decode_s": result.decode_s,
-        "decode_steps": result.decode_steps,
-        "host_s": result.host_s,
+        **result.to_json(),
         "kv_cache_bytes": port.spec.total_bytes(batch, dtype_bytes),
         "kv_cache_bytes_per_layer": {str(k): v for k, v in port.spec.bytes_per_layer(batch, dtype_bytes).items()},
         "dtype_bytes": dtype_bytes,
@@ -80,12 +75,11 @@ def generate_with_port(model: nn.Module, job: GenerationJob, tp: int = 1, in_pro
     select_bucket(max(len(p) for p in job.prompts), job.buckets)  # fail before any work
     if tp == 1:
         return _generate_on(copy.deepcopy(model), layout, job)
-    plan_model(layout, tp)  # validate the degree before spawning anything
+    plan = plan_model(layout, tp)  # validates the degree before anything is spawned
     if in_process:
         from neuron_port.parallel import run_in_process
         from neuron_port.shard_model import shard_model
 
-        plan = plan_model(layout, tp)
         results = run_in_process(
             lambda rank, reduce: _generate_on(
                 shard_model(model, layout, rank, tp, reduce, plan), layout, job, plan.local_kv_heads(rank)

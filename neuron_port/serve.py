@@ -431,12 +431,14 @@ def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = Fal
 
     path = Path(target)
     if (path / "manifest.json").exists():
+        from neuron_port.artifact import verify
         from neuron_port.compiled import load_port
         from neuron_port.configs import load_config
 
-        port = load_port(path)
+        manifest = verify(path)
+        port = load_port(path, manifest=manifest)
         config = load_config(path / "config.json")
-        fixed = int(json.loads((path / "manifest.json").read_text())["batch"])
+        fixed = int(manifest["batch"])
         tokenizer = load_tokenizer(path)
         chat_template = _chat_template(path)
     else:
