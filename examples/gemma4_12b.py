@@ -17,11 +17,9 @@ import tempfile
 from pathlib import Path
 
 from neuron_port import describe, load_config
-from neuron_port.buffers import audit_buffers
 from neuron_port.compiled import compile_artifact
-from neuron_port.models import load_source, read_checkpoint
 from neuron_port.planner import Target, plan_capacity
-from neuron_port.recipe import recipe_parser, serve_artifact, validate_and_report
+from neuron_port.recipe import load_checked, recipe_parser, serve_artifact, validate_and_report
 from neuron_port.sharding import plan_model
 
 NAME = "gemma-4-12b"
@@ -43,9 +41,7 @@ def main() -> int:
           f"tp {plan.tp}; roofline {plan.roofline_tok_per_s} tok/s, measured {plan.measured_tok_per_s} tok/s")
 
     # 3. Load, buffers checked.
-    model, source = load_source(args.model_dir or NAME, tiny=args.model_dir is None)
-    if args.model_dir:
-        print(f"[load] buffers differing: {[str(p) for p in audit_buffers(model, read_checkpoint(args.model_dir))] or 'none'}")
+    model, source = load_checked(NAME, args.model_dir)
 
     # 4. Shard: one plan per attention type — sharded KV on sliding layers, replicated on full ones.
     shard_plan = plan_model(layout, args.tp)

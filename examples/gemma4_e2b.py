@@ -17,12 +17,10 @@ import tempfile
 from pathlib import Path
 
 from neuron_port import describe, load_config
-from neuron_port.buffers import audit_buffers
 from neuron_port.compiled import compile_artifact
 from neuron_port.kvcache import kv_store_spec, naive_kv_bytes
-from neuron_port.models import load_source, read_checkpoint
 from neuron_port.planner import Target, plan_capacity
-from neuron_port.recipe import recipe_parser, serve_artifact, validate_and_report
+from neuron_port.recipe import load_checked, recipe_parser, serve_artifact, validate_and_report
 
 NAME = "gemma-4-e2b"
 
@@ -32,8 +30,7 @@ def main() -> int:
 
     # 1. Describe: which layers own KV, which read another layer's, what each attends with.
     source = args.model_dir or NAME
-    tiny = args.model_dir is None
-    config = load_config(source, tiny=tiny)
+    config = load_config(source, tiny=args.model_dir is None)
     layout = describe(config)
     shared = [s for s in layout.layers if not s.is_owner]
     print(f"[describe] {layout.num_layers} layers, KV owners {list(layout.kv_owners)}; "
@@ -46,9 +43,7 @@ def main() -> int:
           f"roofline {plan.roofline_tok_per_s} tok/s, measured {plan.measured_tok_per_s} tok/s")
 
     # 3. Load the weights and make sure no buffer was lost (layer_scalar is a buffer, not a parameter).
-    model, source_info = load_source(source, tiny=tiny)
-    problems = audit_buffers(model, read_checkpoint(args.model_dir)) if args.model_dir else []
-    print(f"[load] buffers differing from the checkpoint: {[str(p) for p in problems] or 'none'}")
+    model, source_info = load_checked(NAME, args.model_dir)
 
     # 4. No sharding: E2B fits one core.  5. The KV store the graphs will carry.
     kv_len = 256

@@ -25,6 +25,20 @@ def recipe_parser(description: str, tp: int = 1) -> argparse.ArgumentParser:
     return ap
 
 
+def load_checked(name: str, model_dir: str | None) -> tuple[Any, dict[str, Any]]:
+    """Real weights from ``model_dir`` (buffers audited against the checkpoint) or tiny random ones.
+
+    Returns the model and its source record; prints which buffers, if any, differ from the checkpoint.
+    """
+    from neuron_port.buffers import audit_buffers
+    from neuron_port.models import load_source, read_checkpoint
+
+    model, source = load_source(model_dir or name, tiny=model_dir is None)
+    problems = audit_buffers(model, read_checkpoint(model_dir)) if model_dir else []
+    print(f"[load] buffers differing from the checkpoint: {[str(p) for p in problems] or 'none'}")
+    return model, source
+
+
 def validate_and_report(artifact: str | Path, prompt_len: int, max_new_tokens: int) -> dict[str, Any]:
     """Reload the artifact in a fresh process, compare with Hugging Face on CPU, print ``SEQ_MATCH``."""
     from neuron_port.compiled import check_in_fresh_process
@@ -42,4 +56,4 @@ def serve_artifact(artifact: str | Path, host: str = "127.0.0.1", port: int = 80
     serve(build_app(lambda: load_served(str(artifact))), host=host, port=port)
 
 
-__all__ = ["recipe_parser", "validate_and_report", "serve_artifact"]
+__all__ = ["recipe_parser", "load_checked", "validate_and_report", "serve_artifact"]
