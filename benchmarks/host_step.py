@@ -52,7 +52,8 @@ def main() -> None:
     # inputs, bf16 tables); the tables hold 32,768 rows here, since a gather's cost does not depend
     # on how many rows it could have picked.
     rows, hidden, layers, per_layer = 32768, 1536, 35, 256
-    emb = HostEmbeddings(torch.randn(rows, hidden).bfloat16(), torch.randn(rows, layers * per_layer).bfloat16(), layers, per_layer)
+    emb = HostEmbeddings(torch.randn(rows, hidden).bfloat16(), torch.randn(rows, layers * per_layer).bfloat16(), layers, per_layer,
+                         hidden**0.5, per_layer**0.5)
     scratch = DecodeScratch(1, args.kv_len, args.window, args.window, emb, torch.bfloat16)
     tok = torch.tensor([123])
 

@@ -3,7 +3,7 @@
 The 12B has no per-layer embeddings and no KV sharing (every layer owns KV), but it mixes two
 attention types with different KV-head counts and head sizes: sliding layers have 16 q / 8 kv
 heads of 256 (sharded 4 KV heads per rank), full layers 16 q / 1 kv head of 512 with K = V
-(``attention_k_eq_v``: no v_proj). One KV head cannot be split over two ranks, so it is
+(K = V: the full layers have no V projection). One KV head cannot be split over two ranks, so it is
 replicated on both and every local query attends it. Its 1024-token window also overflowed
 the compiler's fused attention, so attention stays eager (the library's default).
 

@@ -42,7 +42,7 @@ def main() -> int:
     print(f"[plan] recommended tp {plan.recommended_tp}; {plan.per_core_bytes['total'] / 2**30:.1f} GiB per core; "
           f"roofline {plan.roofline_tok_per_s} tok/s, measured {plan.measured_tok_per_s} tok/s")
 
-    # 3. Load the weights and make sure no buffer was lost (layer_scalar is a buffer, not a parameter).
+    # 3. Load the weights and make sure no buffer was lost (Gemma-4's per-layer scalar is a buffer, not a parameter).
     model, source_info = load_checked(NAME, args.model_dir)
 
     # 4. No sharding: E2B fits one core.  5. The KV store the graphs will carry.

@@ -5,7 +5,9 @@ matmul / mask / softmax / matmul (no fused kernel, which overflows the Neuron co
 for long sliding windows). When a tensor-parallel rank's query heads do not map uniformly
 onto its KV heads, the attention module carries a constant one-hot matrix ``np_kv_expand``
 ``[local_q, local_kv]`` and K/V are expanded by a matmul with it — a static, trace-safe gather.
-Otherwise K/V are repeated ``num_key_value_groups`` times, exactly as Hugging Face's eager path.
+Otherwise each KV head is repeated for its ``local_q / local_kv`` query heads (read from the
+tensor shapes), exactly as Hugging Face's eager path does. Nothing here reads a module
+attribute of a particular family, so every family's attention modules can call it.
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ from torch import nn
 NAME = "neuron_port_eager"
 
 
-def expand_kv(states: torch.Tensor, module: nn.Module) -> torch.Tensor:
+def expand_kv(states: torch.Tensor, module: nn.Module, local_q: int) -> torch.Tensor:
     """[batch, local_kv, seq, head_dim] -> [batch, local_q, seq, head_dim]."""
     expand = getattr(module, "np_kv_expand", None)
     if expand is not None:
         return torch.einsum("qk,bksd->bqsd", expand.to(states.dtype), states)
-    groups = int(module.num_key_value_groups)
+    if local_q % states.shape[1]:
+        raise ValueError(f"{local_q} query heads do not divide evenly over {states.shape[1]} KV heads "
+                         "and the module carries no np_kv_expand gather")
+    groups = local_q // states.shape[1]
     if groups == 1:
         return states
     b, h, s, d = states.shape
@@ -43,10 +48,16 @@ def static_attention(
 
     Returns ([b, q_len, q_heads, d], attention weights).
     """
+    if attention_mask is None:
+        # The static graphs always hand over host-built masks. None means the text model
+        # dropped them (a family adapter gave the mask in a form its model ignores), and
+        # attention would silently see every slot, padding and stale ring entries included.
+        raise ValueError("neuron_port_eager attention got no mask: the family adapter's attention_mask_argument "
+                         "passes the masks in a form this text model does not use")
     if scaling is None:
-        scaling = module.head_dim**-0.5
-    k = expand_kv(key, module)
-    v = expand_kv(value, module)
+        scaling = query.shape[-1] ** -0.5
+    k = expand_kv(key, module, query.shape[1])
+    v = expand_kv(value, module, query.shape[1])
     scores = torch.matmul(query, k.transpose(2, 3)) * scaling
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap

@@ -1,8 +1,9 @@
 """Buffers that parameter-only loaders drop, audited and restored.
 
 Weight sharding in neuronx-distributed loads parameters only, never buffers. Gemma-4's
-per-layer ``layer_scalar`` is a buffer (real value about 0.06): left at its default 1.0,
-every layer over-scales and the output collapses without any error. These helpers list a
+per-layer scalar is a buffer (real value about 0.06): left at its default 1.0, every layer
+over-scales and the output collapses without any error. Which per-layer buffers matter, and
+their defaults, is the family adapter's to say. These helpers list a
 model's persistent buffers, compare them with a checkpoint, and copy the checkpoint's values in.
 """
 
@@ -73,16 +74,18 @@ def parameter_only_load(model: nn.Module, checkpoint: Mapping[str, torch.Tensor]
 
     Exists to reproduce the failure in tests and triage; never use it for a real port.
     """
+    from neuron_port.families import family_of
+
+    defaults = family_of(model).buffer_defaults()
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, p in params.items():
             if name in checkpoint:
                 p.copy_(checkpoint[name].to(p.dtype))
         for name, buf in persistent_buffers(model).items():
-            owner_name, _, attr = name.rpartition(".")
-            owner = model.get_submodule(owner_name) if owner_name else model
-            if attr == "layer_scalar":
-                getattr(owner, attr).fill_(1.0)
+            attr = name.rpartition(".")[2]
+            if attr in defaults:
+                buf.fill_(defaults[attr])
 
 
 __all__ = ["BufferDiff", "persistent_buffers", "audit_buffers", "restore_buffers", "parameter_only_load"]

@@ -8,6 +8,7 @@ from typing import Any
 
 from neuron_port.cli import register
 from neuron_port.errors import NeuronPortError
+from neuron_port.families import family_for, family_of
 
 
 def _print_json(data: Any) -> None:
@@ -54,7 +55,7 @@ class PromptError(NeuronPortError, ValueError):
     pass
 
 
-def _prompt_ids(args: argparse.Namespace, vocab: int, bos: int) -> list[int]:
+def _prompt_ids(args: argparse.Namespace, vocab: int, bos: int | None) -> list[int]:
     import torch
 
     if args.prompt is not None:
@@ -66,10 +67,11 @@ def _prompt_ids(args: argparse.Namespace, vocab: int, bos: int) -> list[int]:
                 f"--prompt TEXT needs a tokenizer.json next to the model; {args.model} has none. "
                 "Use --prompt-len N for random prompt tokens."
             )
-        return [bos] + tok.encode(args.prompt).ids
+        return ([bos] if bos is not None else []) + tok.encode(args.prompt).ids
     gen = torch.Generator().manual_seed(args.seed + 1000)
     ids = torch.randint(3, vocab, (args.prompt_len,), generator=gen).tolist()
-    ids[0] = bos
+    if bos is not None:
+        ids[0] = bos
     return ids
 
 
@@ -112,13 +114,14 @@ def _cmd_port(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     model = model_from_name(args.model, tiny=args.tiny, seed=args.seed)
-    config = model.config
-    eos = config.eos_token_id
+    family = family_of(model)
+    config = family.text_config_of(model)
+    special = family.special_ids(config)
     real_weights = Path(args.model).is_dir()
     # A random-weight model's end-of-sequence token is noise: stop on it only for real weights.
     stop_on_eos = real_weights if args.stop_at_eos is None else args.stop_at_eos
-    stop_ids = ([eos] if isinstance(eos, int) else list(eos or [])) if stop_on_eos else []
-    prompt = _prompt_ids(args, int(config.vocab_size), int(config.bos_token_id or 2))
+    stop_ids = list(special.eos) if stop_on_eos else []
+    prompt = _prompt_ids(args, family.vocab_size(config), special.bos)
     prompts = [prompt[: max(1, len(prompt) - 3 * row)] for row in range(args.batch)]
     job = GenerationJob(prompts, args.max_new_tokens, args.buckets, args.kv_len, stop_ids)
     result = generate_with_port(model, job, tp=args.tp)
@@ -235,18 +238,20 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     manifest = verify(args.dir, args.allow_version_mismatch)
     config = load_config(Path(args.dir) / "config.json")
+    family = family_for(config.model_type)
+    special = family.special_ids(config)
+    bos = [special.bos] if special.bos is not None else []
     if args.prompt is not None:
         from neuron_port.tokenizer import load_tokenizer
 
         tok = load_tokenizer(args.dir)
         if tok is None:
             raise PromptError(f"--prompt TEXT needs tokenizer.json in the artifact; {args.dir} has none; use --prompt-len")
-        prompt = [int(config.bos_token_id or 2)] + tok.encode(args.prompt).ids
+        prompt = bos + tok.encode(args.prompt).ids
     else:
         gen = torch.Generator().manual_seed(args.seed + 1000)
-        prompt = torch.randint(3, int(config.vocab_size), (args.prompt_len,), generator=gen).tolist()
-        prompt[0] = int(config.bos_token_id or 2)
-    stop_ids = [int(config.eos_token_id)] if args.stop_at_eos else []
+        prompt = bos + torch.randint(3, family.vocab_size(config), (args.prompt_len - len(bos),), generator=gen).tolist()
+    stop_ids = list(special.eos) if args.stop_at_eos else []
     result = generate_from_artifact(args.dir, [prompt], args.max_new_tokens, stop_ids, manifest=manifest)
     out: dict[str, Any] = {
         "artifact": str(Path(args.dir).resolve()),

@@ -33,8 +33,9 @@ from neuron_port.artifact import (
 from neuron_port.backends import get_backend
 from neuron_port.configs import config_to_dict
 from neuron_port.embedding import HostEmbeddings, load_host_embeddings
-from neuron_port.families import family_for
+from neuron_port.families import family_of
 from neuron_port.layout import Layout, describe
+from neuron_port.models import checkpoint_state
 from neuron_port.port import Port
 
 
@@ -54,7 +55,7 @@ def _build_rank(model: nn.Module, layout: Layout, rank_dir: Path, buckets, kv_le
     backend = get_backend(backend_name)
     port = Port(model, layout, buckets, kv_lens, kv_heads=kv_heads)
     rank_dir.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    state = checkpoint_state(model)
     save_file(state, str(rank_dir / "weights.safetensors"))
     jobs = [("prefill", b, g, port.example_inputs_prefill(b, batch)) for b, g in port.prefill_graphs.items()]
     jobs += [("decode", kv, g, port.example_inputs_decode(kv, batch)) for kv, g in port.decode_graphs.items()]
@@ -107,7 +108,7 @@ def compile_artifact(
             "yet; build with it directly on an Inferentia2 host"
         )
     get_backend(backend)  # fail fast (missing SDK) before any work
-    family = family_for(model.config.model_type)
+    family = family_of(model)
     config = family.text_config_of(model)
     layout = describe(model)
     if tp > 1:
@@ -125,7 +126,7 @@ def compile_artifact(
         elif source.get("tiny"):
             from neuron_port.localdir import write_tokenizer
 
-            write_tokenizer(tmp, int(config.vocab_size))  # the demo tokenizer of the tiny variants
+            write_tokenizer(tmp, layout.vocab_size)  # the demo tokenizer of the tiny variants
         if tp == 1:
             layouts = [_build_rank(copy.deepcopy(model), layout, tmp / "rank0", buckets, kv_lens, backend, batch=batch)]
         else:
@@ -139,7 +140,7 @@ def compile_artifact(
                 "versions": installed_versions(),
                 "model_type": config.model_type,
                 "config_hash": config_hash(config_dict),
-                "weights_fingerprint": weights_fingerprint({k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}),
+                "weights_fingerprint": weights_fingerprint(checkpoint_state(model, clone=False)),
                 "source": source,
                 "buckets": sorted(buckets),
                 "kv_lens": sorted(kv_lens),
@@ -215,7 +216,7 @@ def reference_model(manifest: dict[str, Any]) -> nn.Module:
         model = load_model_dir(source["path"])
     else:
         raise ArtifactError(f"field source: expected kind 'shipped' or 'dir', found {source!r}")
-    found = weights_fingerprint({k: v for k, v in model.state_dict().items() if k != "lm_head.weight"})
+    found = weights_fingerprint(checkpoint_state(model, clone=False))
     if found != manifest["weights_fingerprint"]:
         raise ArtifactError(
             f"the CPU reference rebuilt from {source} is not the artifact's checkpoint: weights fingerprint "

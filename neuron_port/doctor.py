@@ -5,8 +5,8 @@ tokenizer.json, a mis-restored weight reload, a wrong buffer, a mismatched runti
 runs those checks before any model does, then a short comparison of the port with the CPU
 reference. Each check passes, fails (with the fix) or is skipped because an earlier one failed.
 
-Checks, in order: files, tokenizer, weights (config against checkpoint), buffers
-(``layer_scalar`` present and not reset), artifact (manifest against this environment), port
+Checks, in order: files, tokenizer, weights (config against checkpoint), buffers (the family's
+per-layer buffers, such as Gemma-4's per-layer scalars, present and not reset), artifact (manifest against this environment), port
 (a few greedy tokens against Hugging Face on CPU).
 """
 
@@ -32,7 +32,7 @@ class Check:
     fix: str = ""
 
 
-def tokenizer_problems(model_dir: Path, vocab_size: int, bos_id: int = 2) -> list[str]:
+def tokenizer_problems(model_dir: Path, vocab_size: int, bos_id: int | None = 2) -> list[str]:
     """Sanity of ``tokenizer.json``: present, loadable, round trip, no unknown flood, BOS id, vocab size."""
     from tokenizers import Tokenizer
 
@@ -64,8 +64,8 @@ def tokenizer_problems(model_dir: Path, vocab_size: int, bos_id: int = 2) -> lis
             problems.append(f"round trip of {text!r} gave {tok.decode(ids)!r}")
         if max(ids) >= vocab_size:
             problems.append(f"{text!r} encodes to id {max(ids)} >= the model's vocab_size {vocab_size}")
-    if tok.id_to_token(bos_id) is None:
-        problems.append(f"BOS id {bos_id} is not in the vocabulary (Gemma needs it prepended to every prompt)")
+    if bos_id is not None and tok.id_to_token(bos_id) is None:
+        problems.append(f"BOS id {bos_id} is not in the vocabulary (the model expects it prepended to every prompt)")
     return problems
 
 
@@ -81,7 +81,10 @@ def _files(directory: Path, is_artifact: bool) -> Check:
 
 
 def _tokenizer(directory: Path, config) -> Check:
-    problems = tokenizer_problems(directory, int(config.vocab_size), int(config.bos_token_id or 2))
+    from neuron_port.families import family_for
+
+    family = family_for(config.model_type)
+    problems = tokenizer_problems(directory, family.vocab_size(config), family.special_ids(config).bos)
     if problems:
         return Check("tokenizer", "fail", "; ".join(problems),
                      "fix the tokenizer before suspecting the device: try tok('hello world') by hand")
@@ -96,7 +99,9 @@ def _weights(directory: Path, config) -> tuple[Check, dict[str, torch.Tensor] | 
     state = read_checkpoint(directory, family)
     with torch.device("meta"):
         model = family.causal_lm_class(config.model_type)(config)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    from neuron_port.models import checkpoint_state
+
+    expected = {k: tuple(v.shape) for k, v in checkpoint_state(model, clone=False).items()}
     params = {n for n, _ in model.named_parameters()}
     missing = sorted(k for k in expected if k in params and k not in state)
     wrong = sorted(k for k in expected if k in state and tuple(state[k].shape) != expected[k])
@@ -115,18 +120,26 @@ def _buffers(state: dict[str, torch.Tensor], config) -> Check:
     from neuron_port.families import family_for
 
     family = family_for(config.model_type)
-    name = family.layer_scalar_name()
-    keys = [f"model.layers.{i}.{name}" for i in range(config.num_hidden_layers)]
-    missing = [k for k in keys if k not in state]
-    if missing:
-        return Check("buffers", "fail", f"{len(missing)} of {len(keys)} {name} buffers are missing from the checkpoint",
-                     "a parameter-only save or load dropped them: every layer would over-scale; restore buffers "
-                     "from the original checkpoint (neuron_port.buffers.restore_buffers)")
-    values = torch.stack([state[k].float().reshape(-1)[0] for k in keys])
-    if torch.all(values == 1.0):
-        return Check("buffers", "fail", f"every {name} is exactly 1.0 (the default): the buffers were reset",
-                     "a parameter-only load reset them; restore from the original checkpoint (neuron_port.buffers.restore_buffers)")
-    return Check("buffers", "pass", f"{len(keys)} {name} buffers present, range {values.min():.4g}..{values.max():.4g}")
+    defaults = family.buffer_defaults()
+    names = family.layer_buffer_names()
+    if not names:
+        return Check("buffers", "pass", f"the {family.name} family has no per-layer buffers to audit")
+    results = []
+    for name in names:
+        keys = [family.layer_buffer_key(i, name) for i in range(family.num_layers(config))]
+        missing = [k for k in keys if k not in state]
+        if missing:
+            return Check("buffers", "fail", f"{len(missing)} of {len(keys)} {name} buffers are missing from the checkpoint",
+                         "a parameter-only save or load dropped them: every layer would over-scale; restore buffers "
+                         "from the original checkpoint (neuron_port.buffers.restore_buffers)")
+        values = torch.stack([state[k].float().reshape(-1)[0] for k in keys])
+        if name in defaults and torch.all(values == defaults[name]):
+            return Check("buffers", "fail",
+                         f"every {name} is exactly {defaults[name]} (the default): the buffers were reset",
+                         "a parameter-only load reset them; restore from the original checkpoint "
+                         "(neuron_port.buffers.restore_buffers)")
+        results.append(f"{len(keys)} {name} buffers present, range {values.min():.4g}..{values.max():.4g}")
+    return Check("buffers", "pass", "; ".join(results))
 
 
 def _artifact(directory: Path) -> Check:
@@ -144,8 +157,12 @@ def _port_model_dir(directory: Path, tokens: int) -> Check:
     from neuron_port.oracle import classify_divergence, compare_tokens, reference_generate
     from neuron_port.run import GenerationJob, generate_with_port
 
+    from neuron_port.families import family_of
+
     model = load_model_dir(directory)
-    prompt = [int(model.config.bos_token_id or 2)] + list(range(4, 4 + 11))
+    family = family_of(model)
+    bos = family.special_ids(family.text_config_of(model)).bos
+    prompt = ([bos] if bos is not None else []) + list(range(4, 4 + 11))
     ref = reference_generate(model, prompt, tokens)
     got = generate_with_port(model, GenerationJob([prompt], tokens, [16], 64))["tokens"][0]
     return _port_verdict(compare_tokens(got, ref["tokens"]), got, ref, classify_divergence)
@@ -183,7 +200,7 @@ def run_doctor(directory: str | Path, tokens: int = 8) -> list[Check]:
     try:
         config = load_config(directory / "config.json")
     except NeuronPortError as exc:
-        checks.append(Check("config", "fail", str(exc), "config.json must be a Gemma-4 text or multimodal config"))
+        checks.append(Check("config", "fail", str(exc), "config.json must be a config of a supported family (neuron_port.families.supported_model_types())"))
         return checks
     checks.append(_tokenizer(directory, config))
     state = None

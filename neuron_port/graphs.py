@@ -1,13 +1,14 @@
 """Static-shape prefill and decode graphs over the Hugging Face text forward itself.
 
-The graphs call the real ``transformers`` decoder stack (so KV sharing, per-layer inputs,
-per-type RoPE and head sizes come for free) with three substitutions:
+The graphs call the real ``transformers`` decoder stack of any supported family (so KV sharing,
+per-layer inputs, per-type RoPE and head sizes come for free) with three substitutions:
 
 * a static KV store (owners only; sliding owners as rings) passed in and returned as
   explicit tensors, written by one-hot blends through Hugging Face's ``cache.update`` hook;
-* host-built masks per attention type, handed over as the pre-built mask mapping;
+* host-built masks per attention type, handed over pre-built (the family adapter says in what
+  form its text model takes them);
 * no embedding tables and no softcap: embeddings come in as activations and the graph ends
-  at raw logits of the tied head for each row's last real token.
+  at raw logits of the LM head for each row's last real token.
 
 Inputs, in order (``INPUT_NAMES``)::
 
@@ -31,7 +32,7 @@ import torch
 from torch import nn
 
 from neuron_port import attention
-from neuron_port.families import family_for
+from neuron_port.families import family_of
 from neuron_port.kvcache import KVStoreSpec, onehot_write
 from neuron_port.models import force_eager
 
@@ -91,7 +92,7 @@ class StaticLMGraph(nn.Module):
 
     def __init__(self, model: nn.Module, spec: KVStoreSpec, prefill: bool, seq: int):
         super().__init__()
-        self.family = family_for(model.config.model_type)
+        self.family = family_of(model)
         force_eager(model.config, attention.register())
         self.model = model
         self.spec = spec
@@ -117,10 +118,10 @@ class StaticLMGraph(nn.Module):
         *kv: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         cache = OneHotCache(self.spec, kv, {"full": write_full, "sliding": write_sliding}, self.prefill)
-        extra = {"per_layer_inputs": per_layer} if self.has_ple else {}
+        extra = self.family.text_model_extra_inputs(per_layer) if self.has_ple else {}
         out = self.family.text_model(self.model)(
             inputs_embeds=inputs_embeds,
-            attention_mask={"full_attention": mask_full, "sliding_attention": mask_sliding},
+            attention_mask=self.family.attention_mask_argument({"full": mask_full, "sliding": mask_sliding}),
             position_ids=position_ids,
             cache=cache,
             use_cache=True,

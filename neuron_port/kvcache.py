@@ -42,7 +42,7 @@ class KVStoreSpec:
     """Shapes of the whole store. ``slots`` are in owner order (``layout.kv_owners``)."""
 
     kv_len: int
-    window: int
+    window: int | None
     slots: tuple[KVSlotSpec, ...]
 
     @property

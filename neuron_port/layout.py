@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from neuron_port.families import family_for
+from neuron_port.families import family_for, family_of
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,8 @@ class Layout:
     params: ParamAccount
     per_layer_input_size: int
     softcap: float | None
-    sliding_window: int
-    tie_word_embeddings: bool
+    sliding_window: int | None  # None when no layer slides
+    tied_embeddings: bool  # LM head shares the word embedding
     disagreements: tuple[str, ...] = field(default=())
 
     def to_json(self) -> dict[str, Any]:
@@ -76,7 +76,7 @@ class Layout:
             "sliding_window": self.sliding_window,
             "per_layer_input_size": self.per_layer_input_size,
             "softcap": self.softcap,
-            "tie_word_embeddings": self.tie_word_embeddings,
+            "tied_embeddings": self.tied_embeddings,
             "layers": layers,
             "kv_owners": list(self.kv_owners),
             "params": asdict(self.params),
@@ -106,17 +106,18 @@ def count_params(config: Any) -> ParamAccount:
 
 def _layout_from_config(config: Any) -> Layout:
     family = family_for(config.model_type)
+    window = family.sliding_window(config)
     specs = []
-    for i in range(config.num_hidden_layers):
+    for i in range(family.num_layers(config)):
         full = family.is_full(config, i)
         specs.append(
             LayerSpec(
                 index=i,
                 attention="full" if full else "sliding",
-                n_q=int(config.num_attention_heads),
+                n_q=family.n_q(config, i),
                 n_kv=family.n_kv(config, i),
                 head_dim=family.head_dim(config, i),
-                window=None if full else int(config.sliding_window),
+                window=None if full else window,
                 kv_source=family.kv_source(config, i),
                 k_eq_v=family.k_eq_v(config, i),
                 intermediate_size=family.intermediate_size(config, i),
@@ -124,44 +125,43 @@ def _layout_from_config(config: Any) -> Layout:
         )
     return Layout(
         model_type=config.model_type,
-        hidden_size=int(config.hidden_size),
-        vocab_size=int(config.vocab_size),
-        num_layers=int(config.num_hidden_layers),
+        hidden_size=family.hidden_size(config),
+        vocab_size=family.vocab_size(config),
+        num_layers=family.num_layers(config),
         layers=tuple(specs),
         kv_owners=tuple(s.index for s in specs if s.is_owner),
         params=count_params(config),
         per_layer_input_size=family.per_layer_input_size(config),
         softcap=family.softcap(config),
-        sliding_window=int(config.sliding_window),
-        tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", True)),
+        sliding_window=window,
+        tied_embeddings=family.tied_embeddings(config),
     )
 
 
 def check_model(layout: Layout, model: nn.Module) -> list[str]:
     """Compare the config's claims with the modules; one sentence per disagreement."""
     family = family_for(layout.model_type)
-    found = []
+    found: list[str] = []
     layers = family.decoder_layers(model)
     if len(layers) != layout.num_layers:
         found.append(f"config says {layout.num_layers} layers, model has {len(layers)}")
     for spec, layer in zip(layout.layers, layers):
-        attn = family.attention(layer)
-        k_proj = getattr(attn, "k_proj", None)
-        v_proj = getattr(attn, "v_proj", None)
-        if not spec.is_owner and k_proj is not None:
-            found.append(f"layer {spec.index}: config says KV-shared (reads layer {spec.kv_source}) but it has a k_proj")
-        if spec.is_owner and k_proj is None:
-            found.append(f"layer {spec.index}: config says it owns KV but it has no k_proj")
-        if spec.is_owner and spec.k_eq_v and v_proj is not None:
-            found.append(f"layer {spec.index}: config says k_eq_v but it has a v_proj")
-        if spec.is_owner and not spec.k_eq_v and v_proj is None:
-            found.append(f"layer {spec.index}: config says separate V but it has no v_proj")
-        q_out = attn.q_proj.weight.shape[0]
+        proj = family.attention_projections(family.attention(layer))
+        k, v = proj["k"], proj["v"]
+        if not spec.is_owner and k is not None:
+            found.append(f"layer {spec.index}: config says KV-shared (reads layer {spec.kv_source}) but it has a K projection")
+        if spec.is_owner and k is None:
+            found.append(f"layer {spec.index}: config says it owns KV but it has no K projection")
+        if spec.is_owner and spec.k_eq_v and v is not None:
+            found.append(f"layer {spec.index}: config says k_eq_v but it has a V projection")
+        if spec.is_owner and not spec.k_eq_v and v is None:
+            found.append(f"layer {spec.index}: config says separate V but it has no V projection")
+        q_out = proj["q"].weight.shape[0]
         if q_out != spec.n_q * spec.head_dim:
-            found.append(f"layer {spec.index}: q_proj has {q_out} outputs, config implies {spec.n_q} x {spec.head_dim}")
-        if k_proj is not None and k_proj.weight.shape[0] != spec.n_kv * spec.head_dim:
+            found.append(f"layer {spec.index}: Q projection has {q_out} outputs, config implies {spec.n_q} x {spec.head_dim}")
+        if k is not None and k.weight.shape[0] != spec.n_kv * spec.head_dim:
             found.append(
-                f"layer {spec.index}: k_proj has {k_proj.weight.shape[0]} outputs, config implies {spec.n_kv} x {spec.head_dim}"
+                f"layer {spec.index}: K projection has {k.weight.shape[0]} outputs, config implies {spec.n_kv} x {spec.head_dim}"
             )
     return found
 
@@ -169,10 +169,7 @@ def check_model(layout: Layout, model: nn.Module) -> list[str]:
 def describe(config_or_model: Any) -> Layout:
     """The layout of a text config, or of a model instance (with a module check)."""
     if isinstance(config_or_model, nn.Module):
-        family = family_for(getattr(config_or_model.config, "model_type", None)
-                            if not hasattr(config_or_model.config, "text_config")
-                            else config_or_model.config.text_config.model_type)
-        config = family.text_config_of(config_or_model)
+        config = family_of(config_or_model).text_config_of(config_or_model)
         layout = _layout_from_config(config)
         problems = check_model(layout, config_or_model)
         return Layout(**{**layout.__dict__, "disagreements": tuple(problems)})
@@ -184,7 +181,7 @@ def format_table(layout: Layout) -> str:
     p = layout.params
     lines = [
         f"model_type {layout.model_type}: {layout.num_layers} layers, hidden {layout.hidden_size}, "
-        f"vocab {layout.vocab_size}, window {layout.sliding_window}, softcap {layout.softcap}",
+        f"vocab {layout.vocab_size}, window {layout.sliding_window or '-'}, softcap {layout.softcap}",
         f"params: total {p.total / 1e9:.3f} B = embedding {p.embedding / 1e9:.3f} B + per-layer embedding "
         f"{p.per_layer_embedding / 1e9:.3f} B + transformer {p.transformer / 1e9:.3f} B",
         f"KV owners ({len(layout.kv_owners)}): {', '.join(map(str, layout.kv_owners))}",

@@ -167,7 +167,7 @@ def lint_model(name: str, softcap_in_graph: bool = False, dtype_bytes: int = 2) 
             findings.append(Finding(
                 "fused-attention-window", "warning", f"sliding window {w}",
                 f"the fused attention custom-call overflowed SBUF at window {FUSED_ATTENTION_WINDOW_LIMIT} in the field report",
-                "keep attention eager/tiled (force _attn_implementation on the config and its text_config)"))
+                "keep attention eager/tiled (neuron_port.models.force_eager on the config)"))
     return {
         "model": name,
         "softcap_in_graph": softcap_in_graph,

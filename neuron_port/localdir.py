@@ -61,7 +61,9 @@ def write_model_dir(model: nn.Module, out_dir: str | Path, tokenizer: bool = Tru
     """A complete local model directory: config.json, model.safetensors, tokenizer files."""
     out = save_model_dir(model, out_dir)
     if tokenizer:
-        write_tokenizer(out, int(model.config.vocab_size))
+        from neuron_port.layout import describe
+
+        write_tokenizer(out, describe(model).vocab_size)
     return out
 
 

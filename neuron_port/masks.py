@@ -5,6 +5,7 @@ Conventions (all consistent with :mod:`neuron_port.kvcache`):
 * A full-attention buffer slot ``s`` holds position ``s``.
 * A sliding ring of ``window`` slots holds position ``p`` in slot ``p % window``.
 * Hugging Face's sliding attention lets query ``q`` see key ``k`` when ``0 <= q - k < window``.
+  ``window=None`` (a model without sliding layers) makes the sliding masks equal the full ones.
 * Additive masks: 0 where attention is allowed, the dtype's minimum where it is not.
 
 Prompts are right-padded to the bucket length; ``lengths[b]`` is row b's real length.
@@ -36,7 +37,7 @@ def ring_positions(last: torch.Tensor, window: int) -> torch.Tensor:
 
 
 def prefill_masks(
-    lengths: torch.Tensor, bucket: int, window: int, dtype: torch.dtype = torch.float32
+    lengths: torch.Tensor, bucket: int, window: int | None, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal masks over the padded prompt for full and sliding layers.
 
@@ -46,7 +47,7 @@ def prefill_masks(
     q = torch.arange(bucket)[:, None]
     k = torch.arange(bucket)[None, :]
     causal = k <= q
-    sliding = causal & (q - k < window)
+    sliding = causal & (q - k < window) if window is not None else causal
     batch = lengths.shape[0]
     full_m = _additive(causal, dtype).expand(batch, 1, bucket, bucket).clone()
     slide_m = _additive(sliding, dtype).expand(batch, 1, bucket, bucket).clone()
@@ -76,7 +77,7 @@ def prefill_writes(
 
 
 def decode_masks(
-    positions: torch.Tensor, kv_len: int, window: int, ring: int | None, dtype: torch.dtype = torch.float32
+    positions: torch.Tensor, kv_len: int, window: int | None, ring: int | None, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masks for one new token per row at ``positions`` (after it is written to the store).
 
@@ -84,7 +85,9 @@ def decode_masks(
     """
     slots = torch.arange(kv_len)[None, :]
     full = slots <= positions[:, None]
-    if ring is None:
+    if window is None:
+        sliding = full
+    elif ring is None:
         sliding = full & (positions[:, None] - slots < window)
     else:
         held = ring_positions(positions, ring)

@@ -2,7 +2,7 @@
 
 Nothing here reaches a model hub: random-weight models are built from a config and a seed,
 and real ones are read from a local directory (``config.json`` plus ``*.safetensors``).
-Eager attention is forced on the config (and on a wrapper's ``text_config``) so the CPU
+Eager attention is forced on the config (and on a wrapper's text part) so the CPU
 reference never takes a fused path.
 """
 
@@ -20,32 +20,25 @@ from tqdm import tqdm
 
 from neuron_port.buffers import restore_buffers
 from neuron_port.configs import config_to_dict, load_config
-from neuron_port.families import family_for
+from neuron_port.families import family_for, family_of
 
 
 def force_eager(config: Any, implementation: str = "eager") -> None:
-    """Set the attention implementation on a config and on its ``text_config``."""
-    config._attn_implementation = implementation
-    text = getattr(config, "text_config", None)
-    if text is not None:
-        text._attn_implementation = implementation
+    """Set the attention implementation on a config and on its text part."""
+    family_for(config.model_type).set_attention_implementation(config, implementation)
 
 
 def build_model(config: Any, seed: int = 0, dtype: torch.dtype = torch.float32) -> nn.Module:
     """A CausalLM with random weights drawn from ``seed``.
 
-    ``layer_scalar`` buffers get seeded values in [0.5, 1.0) instead of the default 1.0 so
-    that a parameter-only load (which resets them) visibly changes the output.
+    Per-layer buffers the family declares (Gemma-4's per-layer scalars) get seeded non-default
+    values so that a parameter-only load (which resets them) visibly changes the output.
     """
     family = family_for(config.model_type)
     force_eager(config)
     torch.manual_seed(seed)
     model = family.causal_lm_class(config.model_type)(config)
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for layer in family.decoder_layers(model):
-            scalar = getattr(layer, family.layer_scalar_name())
-            scalar.copy_(0.5 + 0.5 * torch.rand(scalar.shape, generator=gen))
+    family.seed_layer_buffers(model, torch.Generator().manual_seed(seed + 1))
     return model.to(dtype).eval()
 
 
@@ -92,7 +85,7 @@ def read_checkpoint(model_dir: str | Path, family=None) -> dict[str, torch.Tenso
 
 
 def load_model_dir(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """A CausalLM from a local directory, buffers (``layer_scalar``) restored from the checkpoint."""
+    """A CausalLM from a local directory, persistent buffers restored from the checkpoint."""
     config = load_config(model_dir)
     family = family_for(config.model_type)
     force_eager(config)
@@ -100,41 +93,41 @@ def load_model_dir(model_dir: str | Path, dtype: torch.dtype = torch.float32) ->
         model = family.causal_lm_class(config.model_type)(config)
     model = model.to_empty(device="cpu")
     state = read_checkpoint(model_dir, family)
-    if "lm_head.weight" not in state and family.word_embedding_key() in state:
-        state["lm_head.weight"] = state[family.word_embedding_key()]
+    head_key = family.lm_head_key()
+    if head_key not in state and family.tied_embeddings(config) and family.word_embedding_key() in state:
+        state[head_key] = state[family.word_embedding_key()]
     missing, unexpected = model.load_state_dict(state, strict=False, assign=False)
-    missing = [m for m in missing if not m.endswith(("embed_scale", "inv_freq"))]
+    missing = [m for m in missing if not m.endswith(family.nonpersistent_suffixes())]
     params = {n for n, _ in model.named_parameters()}
     if any(m in params for m in missing):
         raise KeyError(f"{model_dir}: checkpoint lacks parameters {sorted(m for m in missing if m in params)[:5]}")
     model.tie_weights()
     restore_buffers(model, state)
     # Non-persistent buffers (RoPE tables, embed scales) were never in the checkpoint: recompute them.
-    _reinit_nonpersistent(model, config)
+    family.reinit_nonpersistent(model, config)
     return model.to(dtype).eval()
 
 
-def _reinit_nonpersistent(model: nn.Module, config: Any) -> None:
-    family = family_for(config.model_type)
-    text = family.text_model(model)
-    text.rotary_emb = type(text.rotary_emb)(config)
-    hidden = float(config.hidden_size) ** 0.5
-    text.embed_tokens.embed_scale = torch.tensor(hidden)
-    ple = family.per_layer_embedding(model)
-    if ple is not None:
-        ple.embed_scale = torch.tensor(float(family.per_layer_input_size(config)) ** 0.5)
+def checkpoint_state(model: nn.Module, clone: bool = True) -> dict[str, torch.Tensor]:
+    """The model's state dict as a checkpoint holds it: a tied LM head is stored once (as the
+    word embedding), an untied one kept."""
+    family = family_of(model)
+    tied = family.tied_embeddings(family.text_config_of(model))
+    head = family.lm_head_key()
+    return {k: (v.detach().contiguous().clone() if clone else v.detach().contiguous())
+            for k, v in model.state_dict().items() if not (tied and k == head)}
 
 
 def save_model_dir(model: nn.Module, out_dir: str | Path) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (buffers included) for a text CausalLM."""
-    family = family_for(model.config.model_type)
+    family = family_of(model)
     config = family.text_config_of(model)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    state = checkpoint_state(model)
     save_file(state, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(config_to_dict(config), indent=2))
     return out
 
 
-__all__ = ["force_eager", "build_model", "model_from_name", "load_source", "read_checkpoint", "load_model_dir", "save_model_dir"]
+__all__ = ["force_eager", "build_model", "checkpoint_state", "model_from_name", "load_source", "read_checkpoint", "load_model_dir", "save_model_dir"]

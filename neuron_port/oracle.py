@@ -40,21 +40,25 @@ class GoldenMismatchError(NeuronPortError, ValueError):
 
 
 def _state(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    from neuron_port.models import checkpoint_state
+
+    return checkpoint_state(model, clone=False)
 
 
 # ---- reference ---------------------------------------------------------------------------------
 @torch.no_grad()
 def reference_generate(model: nn.Module, prompt: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int] = ()) -> dict:
     """Hugging Face ``generate`` (greedy, default cache): new tokens and the logits of every step."""
+    from neuron_port.families import family_of
+
+    family = family_of(model)
     ids = torch.tensor([list(prompt)])
     out = model.generate(
         ids,
         attention_mask=torch.ones_like(ids),
         max_new_tokens=max_new_tokens,
         do_sample=False,
-        eos_token_id=list(stop_ids) or None,
-        pad_token_id=0,
+        **family.generation_kwargs(family.text_config_of(model), list(stop_ids)),
         output_logits=True,
         return_dict_in_generate=True,
     )

@@ -18,7 +18,7 @@ from neuron_port.embedding import HostEmbeddings
 class DecodeScratch:
     """Decode inputs for ``batch`` rows at one KV length (``ring`` slots for sliding owners, or None)."""
 
-    def __init__(self, batch: int, kv_len: int, ring: int | None, window: int, embeddings: HostEmbeddings, dtype: torch.dtype):
+    def __init__(self, batch: int, kv_len: int, ring: int | None, window: int | None, embeddings: HostEmbeddings, dtype: torch.dtype):
         self.batch, self.kv_len, self.ring, self.window = batch, kv_len, ring, window
         self.embeddings = embeddings
         sliding = ring or kv_len
@@ -49,7 +49,8 @@ class DecodeScratch:
         self.positions.copy_(pos)
         e = self.embeddings
         torch.index_select(e.word, 0, tokens, out=self.words.view(b, e.hidden))
-        self.words.mul_(e.word_scale)
+        if e.word_scale is not None:
+            self.words.mul_(e.word_scale)
         if e.ple is not None:
             torch.index_select(e.ple, 0, tokens, out=self.per_layer_flat)
             self.per_layer_flat.mul_(e.ple_scale)
@@ -58,7 +59,11 @@ class DecodeScratch:
         torch.where(self._hit_full, self.zero, self.blocked, out=self.mask_full.view(b, kv))
         torch.eq(self.slots[None, :], pos, out=self._hit_full)
         self.write_full.view(b, kv).copy_(self._hit_full)
-        if self.ring is None:
+        if self.window is None:
+            # no sliding layers: the sliding inputs are unused; keep them equal to the full ones
+            self.mask_sliding.copy_(self.mask_full)
+            self.write_sliding.copy_(self.write_full)
+        elif self.ring is None:
             # full-length sliding buffers: visible when 0 <= t - s < window; written like full layers
             torch.sub(pos, self.slots[None, :], out=self._age)
             torch.lt(self._age, self.window, out=self._hit_sliding)

@@ -54,7 +54,7 @@ class Served:
     engine: Engine
     tokenizer: Any
     vocab_size: int
-    bos_id: int
+    bos_id: int | None
     eos_ids: tuple[int, ...]
     max_prompt: int
     buckets: list[int]
@@ -271,7 +271,7 @@ def build_app(load: Callable[[], Served], api_key: str | None = None):
     def _encode(served: Served, text: str) -> list[int]:
         if served.tokenizer is None:
             raise ValueError("this model has no tokenizer: send the prompt as a list of token ids")
-        return [served.bos_id] + served.tokenizer.encode(text).ids
+        return ([served.bos_id] if served.bos_id is not None else []) + served.tokenizer.encode(text).ids
 
     async def _run(route: str, body: CommonFields, prompt_ids: list[int], served: Served, http: HttpRequest, chat: bool):
         if body.model != served.model_id:
@@ -445,7 +445,7 @@ def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = Fal
         from neuron_port.models import model_from_name
 
         model = model_from_name(target, tiny=tiny, seed=seed)
-        config = model.config
+        config = model.config  # a text CausalLM's own config
         port = Port(copy.deepcopy(model), describe(model), list(buckets), list(kv_lens))
         del model
         fixed = None
@@ -460,16 +460,19 @@ def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = Fal
         elif tiny:
             from neuron_port.localdir import build_tokenizer
 
-            tokenizer, chat_template = build_tokenizer(int(config.vocab_size)), None
+            tokenizer, chat_template = build_tokenizer(port.layout.vocab_size), None
         else:
             tokenizer, chat_template = None, None
-    eos = config.eos_token_id
-    eos_ids = (eos,) if isinstance(eos, int) else tuple(eos or ())
+    from neuron_port.families import family_for
+
+    family = family_for(config.model_type)
+    special = family.special_ids(config)
     eot = tokenizer.token_to_id("<end_of_turn>") if tokenizer is not None else None
+    pad = special.bos if special.bos is not None else (special.pad or 0)
     engine = Engine(Generator(port, tokenizer=tokenizer), max_batch=max_batch, max_queue=max_queue, fixed_batch=fixed,
-                    pad_prompt=(int(config.bos_token_id or 2),))
+                    pad_prompt=(pad,))
     name = path.name if path.is_dir() else target
-    return Served(name, engine, tokenizer, int(config.vocab_size), int(config.bos_token_id or 2), eos_ids,
+    return Served(name, engine, tokenizer, family.vocab_size(config), special.bos, special.eos,
                   max(port.buckets), port.buckets, chat_template, eot)
 
 

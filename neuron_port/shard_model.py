@@ -5,7 +5,9 @@ o by query heads (row-parallel, partial sums reduced across ranks), q/k norms re
 KV-shared layers (no k/v) and ``k_eq_v`` layers (no v) are handled by what they lack. MLP:
 gate and up by column, down by row (double-wide shared-layer MLPs split the same way).
 Head counts come from the layout, never from modules being replaced (the field report's
-``q_proj.out_features`` gotcha cannot happen).
+gotcha of reading the size of a projection that was already replaced cannot happen).
+Projections are reached by role through the family adapter, so the same surgery shards any
+supported family.
 """
 
 from __future__ import annotations
@@ -79,24 +81,29 @@ def shard_model(
         heads = lplan.plan.ranks[rank]
         d = spec.head_dim
         attn = family.attention(layer)
-        q = attn.q_proj
-        attn.q_proj = _linear(head_rows(q.weight, heads.q_heads, d),
-                              head_rows(q.bias[:, None], heads.q_heads, d)[:, 0] if q.bias is not None else None)
-        for name in ("k_proj", "v_proj"):
-            proj = getattr(attn, name, None)
-            if proj is not None:
-                bias = head_rows(proj.bias[:, None], heads.kv_heads, d)[:, 0] if proj.bias is not None else None
-                setattr(attn, name, _linear(head_rows(proj.weight, heads.kv_heads, d), bias))
-        o = attn.o_proj
-        attn.o_proj = RowParallelLinear(head_columns(o.weight, heads.q_heads, d), o.bias, reduce)
+        proj = family.attention_projections(attn)
+        q, o = proj["q"], proj["o"]
+        family.set_attention_projection(attn, "q", _linear(
+            head_rows(q.weight, heads.q_heads, d),
+            head_rows(q.bias[:, None], heads.q_heads, d)[:, 0] if q.bias is not None else None))
+        for role in ("k", "v"):
+            kv = proj[role]
+            if kv is not None:
+                bias = head_rows(kv.bias[:, None], heads.kv_heads, d)[:, 0] if kv.bias is not None else None
+                family.set_attention_projection(attn, role, _linear(head_rows(kv.weight, heads.kv_heads, d), bias))
+        family.set_attention_projection(attn, "o", RowParallelLinear(head_columns(o.weight, heads.q_heads, d), o.bias, reduce))
         if heads.groups is not None:
-            attn.num_key_value_groups = heads.groups
+            family.set_kv_groups(attn, heads.groups)
         else:
             attn.register_buffer("np_kv_expand", heads.expand_matrix().to(q.weight.dtype), persistent=False)
         mlp = family.mlp(layer)
-        mlp.gate_proj = _linear(column_split(mlp.gate_proj.weight, tp, rank), None)
-        mlp.up_proj = _linear(column_split(mlp.up_proj.weight, tp, rank), None)
-        mlp.down_proj = RowParallelLinear(row_split(mlp.down_proj.weight, tp, rank), mlp.down_proj.bias, reduce)
+        ff = family.mlp_projections(mlp)
+        for role in ("gate", "up"):
+            w = ff[role]
+            bias = column_split(w.bias[:, None], tp, rank)[:, 0] if w.bias is not None else None
+            family.set_mlp_projection(mlp, role, _linear(column_split(w.weight, tp, rank), bias))
+        down = ff["down"]
+        family.set_mlp_projection(mlp, "down", RowParallelLinear(row_split(down.weight, tp, rank), down.bias, reduce))
     return shard
 
 

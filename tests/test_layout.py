@@ -95,7 +95,7 @@ def test_tiny_keeps_structure(name):
     # PLE presence and window small enough that short tests cross it
     assert (tiny["params"]["per_layer_embedding"] > 0) == (real.params.per_layer_embedding > 0)
     assert 8 <= tiny["sliding_window"] <= 16
-    assert tiny["softcap"] == 30.0 and tiny["tie_word_embeddings"]
+    assert tiny["softcap"] == 30.0 and tiny["tied_embeddings"]
 
 
 def test_double_wide_mlp_on_shared_layers_only():
@@ -105,13 +105,21 @@ def test_double_wide_mlp_on_shared_layers_only():
 
 
 def test_unsupported_architecture_dir(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba", "hidden_size": 8}))
     proc = _cli("describe", str(tmp_path))
     assert proc.returncode != 0
-    assert "unsupported architecture llama" in proc.stderr
-    assert "gemma4_text" in proc.stderr
+    assert "unsupported architecture mamba" in proc.stderr
+    assert "gemma4_text" in proc.stderr and "llama" in proc.stderr and "qwen3" in proc.stderr
     with pytest.raises(UnsupportedArchitectureError):
         load_config(tmp_path)
+
+
+def test_invalid_config_of_a_supported_family(tmp_path):
+    """Hugging Face's own validation failure becomes one clear error line, not a traceback."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
+    proc = _cli("describe", str(tmp_path))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "not a valid llama config" in proc.stderr and "hidden size (8)" in proc.stderr
 
 
 def test_malformed_json_dir(tmp_path):
@@ -141,8 +149,8 @@ def test_model_check_finds_disagreement():
     attn5.v_proj = torch.nn.Linear(64, attn5.k_proj.out_features, bias=False)
     del model.model.layers[0].self_attn.k_proj
     problems = check_model(describe(load_config("gemma-4-12b", tiny=True)), model)
-    assert any("layer 5" in p and "v_proj" in p for p in problems)
-    assert any("layer 0" in p and "k_proj" in p for p in problems)
+    assert any("layer 5" in p and "V projection" in p for p in problems)
+    assert any("layer 0" in p and "K projection" in p for p in problems)
 
 
 def test_model_check_reads_wrapped_models():

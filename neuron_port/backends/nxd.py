@@ -5,7 +5,7 @@ What this module builds, all from the library's own shard plan (:mod:`neuron_por
 * NxD's ColumnParallel / RowParallel layers sized by the plan (:func:`parallelize_for_nxd`) and
   the full checkpoint its sharding splits (:func:`nxd_checkpoint`): K/V rows expanded so an even
   column split hands every rank exactly the KV heads the plan gives it (replicated heads repeated),
-  with buffers such as ``layer_scalar`` carried explicitly — NxD's own sharding loads parameters
+  with buffers (Gemma-4's per-layer scalars) carried explicitly — NxD's own sharding loads parameters
   only, which silently over-scales every layer; :func:`rank_checkpoints` gives the per-rank view;
 * the KV store as ``nn.Parameter``s of a wrapper module (:class:`KVResident`) and the
   ``input_output_aliases`` map that keeps them on the device (:func:`alias_map`);
@@ -36,6 +36,7 @@ from neuron_port.buffers import persistent_buffers
 from neuron_port.errors import ShardingError
 from neuron_port.families import family_for
 from neuron_port.layout import Layout
+from neuron_port.models import checkpoint_state
 from neuron_port.parallel import CHILD_ENV, is_tp_child
 from neuron_port.shard_model import shard_model
 from neuron_port.sharding import AttentionPlan, head_rows, plan_model
@@ -57,17 +58,16 @@ def nxd_checkpoint(model: nn.Module, layout: Layout, tp: int, layer_dtype: torch
     """The full checkpoint NxD's sharding splits: K/V rows expanded by the plan, buffers included,
     optionally cast to the layer dtype (bf16 halves the neff)."""
     plan = plan_model(layout, tp)
-    state = {k: v.detach().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    state = checkpoint_state(model)
     for name, buf in persistent_buffers(model).items():
         state[name] = buf.detach().clone()  # NxD loads parameters only: carry the buffers explicitly
     family = family_for(layout.model_type)
     for spec, layer in zip(layout.layers, family.decoder_layers(model)):
-        attn = family.attention(layer)
-        for proj in ("k_proj", "v_proj"):
-            module = getattr(attn, proj, None)
-            if module is not None:
-                key = f"model.layers.{spec.index}.self_attn.{proj}.weight"
-                state[key] = expanded_kv_rows(module.weight.detach(), plan.layers[spec.index].plan, spec.head_dim)
+        proj = family.attention_projections(family.attention(layer))
+        for role in ("k", "v"):
+            if proj[role] is not None:
+                state[family.projection_key(spec.index, role)] = expanded_kv_rows(
+                    proj[role].weight.detach(), plan.layers[spec.index].plan, spec.head_dim)
     if layer_dtype is not None:
         state = {k: (v.to(layer_dtype) if v.is_floating_point() else v) for k, v in state.items()}
     return state
@@ -94,16 +94,18 @@ def parallelize_for_nxd(model: nn.Module, layout: Layout, tp: int, dtype: torch.
                                 "the nxd backend supports shard and replicate plans only")
         d, local_kv = spec.head_dim, len(heads.ranks[0].kv_heads)
         attn = family.attention(layer)
-        attn.q_proj = ColumnParallelLinear(h, spec.n_q * d, bias=False, gather_output=False, dtype=dtype)
-        for proj in ("k_proj", "v_proj"):
-            if getattr(attn, proj, None) is not None:
-                setattr(attn, proj, ColumnParallelLinear(h, tp * local_kv * d, bias=False, gather_output=False, dtype=dtype))
-        attn.o_proj = RowParallelLinear(spec.n_q * d, h, bias=False, input_is_parallel=True, dtype=dtype)
-        attn.num_key_value_groups = heads.ranks[0].groups
+        proj = family.attention_projections(attn)
+        family.set_attention_projection(attn, "q", ColumnParallelLinear(h, spec.n_q * d, bias=False, gather_output=False, dtype=dtype))
+        for role in ("k", "v"):
+            if proj[role] is not None:
+                family.set_attention_projection(
+                    attn, role, ColumnParallelLinear(h, tp * local_kv * d, bias=False, gather_output=False, dtype=dtype))
+        family.set_attention_projection(attn, "o", RowParallelLinear(spec.n_q * d, h, bias=False, input_is_parallel=True, dtype=dtype))
+        family.set_kv_groups(attn, heads.ranks[0].groups)
         mlp = family.mlp(layer)
-        mlp.gate_proj = ColumnParallelLinear(h, spec.intermediate_size, bias=False, gather_output=False, dtype=dtype)
-        mlp.up_proj = ColumnParallelLinear(h, spec.intermediate_size, bias=False, gather_output=False, dtype=dtype)
-        mlp.down_proj = RowParallelLinear(spec.intermediate_size, h, bias=False, input_is_parallel=True, dtype=dtype)
+        for role in ("gate", "up"):
+            family.set_mlp_projection(mlp, role, ColumnParallelLinear(h, spec.intermediate_size, bias=False, gather_output=False, dtype=dtype))
+        family.set_mlp_projection(mlp, "down", RowParallelLinear(spec.intermediate_size, h, bias=False, input_is_parallel=True, dtype=dtype))
     return model
 
 
@@ -113,7 +115,7 @@ def rank_checkpoints(model: nn.Module, layout: Layout, tp: int, layer_dtype: tor
     out = []
     for rank in range(tp):
         shard = shard_model(model, layout, rank, tp, plan=plan)
-        state = {k: v.detach().contiguous() for k, v in shard.state_dict().items() if k != "lm_head.weight"}
+        state = checkpoint_state(shard, clone=False)
         for name, buf in persistent_buffers(shard).items():
             state[name] = buf.detach().clone()
         if layer_dtype is not None:

@@ -1,10 +1,10 @@
-"""Shipped Gemma-4 text configs, local config loading, and the ``tiny`` shrinking.
+"""Shipped text configs, local config loading, and the ``tiny`` shrinking.
 
 No model hub is reachable from the machines this library is built and tested on, so the real
-configs of the three models travel with the package (values from the checkpoint headers). A
+configs travel with the package: the three Gemma-4 models and one Llama and one Qwen3 model. A
 real ``config.json`` always wins: :func:`load_config` accepts a shipped name, a path to a
-``config.json`` or a model directory holding one (multimodal wrapper configs with a
-``text_config`` work too).
+``config.json`` or a model directory holding one (multimodal wrapper configs work too: the
+family adapter takes their text part).
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ from typing import Any
 from neuron_port.errors import ConfigError
 from neuron_port.families import family_for
 
-SHIPPED = ("gemma-4-e2b", "gemma-4-e4b", "gemma-4-12b")
-
-# Tiny variants use a larger initializer range than the real 0.02 so that random weights give
-# decisive logits (large top-1/top-2 gaps). Chosen once for all tiny variants; see tests.
-TINY_INITIALIZER_RANGE = 1.0
-TINY_VOCAB = 512
-TINY_HIDDEN = 64
-TINY_HEAD_DIM = 16
-TINY_INTERMEDIATE = 128
-TINY_PER_LAYER_INPUT = 8
+# Shipped name -> config file. The Gemma-4 values come from the checkpoint headers; the Llama
+# and Qwen3 files reproduce the public config.json of Llama-3.2-1B and Qwen3-0.6B.
+_SHIPPED_FILES = {
+    "gemma-4-e2b": "gemma-4-e2b.json",
+    "gemma-4-e4b": "gemma-4-e4b.json",
+    "gemma-4-12b": "gemma-4-12b.json",
+    "llama": "llama-3.2-1b.json",
+    "qwen3": "qwen3-0.6b.json",
+}
+SHIPPED = tuple(_SHIPPED_FILES)
 
 
 def shipped_names() -> list[str]:
@@ -51,7 +51,7 @@ def load_config_dict(name_or_path: str | Path) -> dict[str, Any]:
     """The text config dict of a shipped name, a ``config.json`` path or a model directory."""
     name = str(name_or_path)
     if name in SHIPPED:
-        with resources.files(__package__).joinpath(f"{name}.json").open("r", encoding="utf-8") as fh:
+        with resources.files(__package__).joinpath(_SHIPPED_FILES[name]).open("r", encoding="utf-8") as fh:
             raw = json.load(fh)
     else:
         path = Path(name)
@@ -68,61 +68,28 @@ def load_config_dict(name_or_path: str | Path) -> dict[str, Any]:
 
 
 def tiny_config_dict(text: dict[str, Any]) -> dict[str, Any]:
-    """Shrink a real text config, keeping every architectural feature.
+    """Shrink a real text config, keeping every architectural feature of its family.
 
-    Kept: the layer-type pattern rule (full every ``period`` layers), KV sharing with both a
-    sliding and a full shared layer, the real q/kv head counts (and the global KV-head count
-    with ``attention_k_eq_v``), global head_dim = 2 x head_dim, per-layer embeddings and the
-    double-wide MLP where present, the softcap and tied embeddings. The sliding window shrinks
-    to 8 (or 16 for a 1024 window) so that short tests cross it.
+    Each family adapter says what its tiny variant keeps (``tiny_config_dict`` there).
     """
-    types = list(text["layer_types"])
-    period = types.index("full_attention") + 1
-    for i, t in enumerate(types):
-        if (t == "full_attention") != (i % period == period - 1):
-            raise ConfigError(f"layer types do not follow one period-{period} rule at layer {i}")
-    n_layers = 2 * period
-    tiny = dict(text)
-    tiny.update(
-        vocab_size=TINY_VOCAB,
-        hidden_size=TINY_HIDDEN,
-        intermediate_size=TINY_INTERMEDIATE,
-        num_hidden_layers=n_layers,
-        head_dim=TINY_HEAD_DIM,
-        global_head_dim=2 * TINY_HEAD_DIM,
-        layer_types=["full_attention" if i % period == period - 1 else "sliding_attention" for i in range(n_layers)],
-        sliding_window=16 if int(text["sliding_window"]) >= 1024 else 8,
-        num_kv_shared_layers=(period - 1) if int(text.get("num_kv_shared_layers", 0)) else 0,
-        max_position_embeddings=4096,
-        initializer_range=TINY_INITIALIZER_RANGE,
-    )
-    if int(text.get("hidden_size_per_layer_input", 0) or 0):
-        tiny.update(hidden_size_per_layer_input=TINY_PER_LAYER_INPUT, vocab_size_per_layer_input=TINY_VOCAB)
-    return tiny
+    return family_for(text.get("model_type")).tiny_config_dict(text)
 
 
 def load_config(name_or_path: str | Path, tiny: bool = False) -> Any:
-    """A Hugging Face text config object (``Gemma4TextConfig`` or the unified one)."""
+    """A Hugging Face text config object of the name's family (``Gemma4TextConfig``, ``LlamaConfig`` ...)."""
     text = load_config_dict(name_or_path)
     if tiny:
         text = tiny_config_dict(text)
-    return family_for(text["model_type"]).make_config(text)
+    try:
+        return family_for(text["model_type"]).make_config(text)
+    except Exception as exc:  # noqa: BLE001 - HF validators raise ValueError, TypeError or hub's own errors
+        reason = str(exc).replace("\n", " ").strip()
+        raise ConfigError(f"{name_or_path}: not a valid {text['model_type']} config: {reason}") from None
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
     """A JSON-able text config dict that :func:`load_config` reads back to the same config."""
-    data = config.to_dict()
-    data.pop("per_layer_config", None)
-    per_layer = config.per_layer_config
-    full = [i for i, t in enumerate(config.layer_types) if t == "full_attention"]
-    if full:
-        data["global_head_dim"] = int(per_layer[full[0]].head_dim)
-        if getattr(config, "attention_k_eq_v", False):
-            data["num_global_key_value_heads"] = int(per_layer[full[0]].num_key_value_heads)
-    data["model_type"] = config.model_type
-    for key in ("transformers_version", "_name_or_path", "dtype", "architectures"):
-        data.pop(key, None)
-    return data
+    return family_for(config.model_type).config_to_dict(config)
 
 
 __all__ = ["SHIPPED", "load_config", "load_config_dict", "tiny_config_dict", "config_to_dict", "shipped_names"]

@@ -1,0 +1,67 @@
+"""Llama (and Qwen3) over two NeuronCores (TP=2) — the same port, a different family.
+
+Nothing in the library is Gemma-shaped: a family adapter (``neuron_port.families``) names the
+Hugging Face attributes, and every step below is the one the Gemma-4 recipes take. Llama-3.2-1B
+is plain GQA: 32 query heads share 8 KV heads, every layer is full attention and owns its KV.
+The tiny variant keeps the 4:1 ratio with 8 q / 2 kv heads, so at TP=4 there are fewer KV heads
+than ranks and each KV head is replicated on two ranks. ``--name qwen3`` runs the same story
+on Qwen3 (q/k norms per head, 2 query heads per KV head).
+
+    python examples/port_llama.py                       # tiny random weights, 2 gloo ranks on the CPU
+    python examples/port_llama.py --name qwen3 --tp 4   # Qwen3, KV heads fewer than ranks
+    python examples/port_llama.py --model-dir DIR       # real weights
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from neuron_port import describe, load_config
+from neuron_port.compiled import compile_artifact
+from neuron_port.planner import Target, plan_capacity
+from neuron_port.recipe import load_checked, recipe_parser, serve_artifact, validate_and_report
+from neuron_port.sharding import plan_model
+
+
+def main() -> int:
+    parser = recipe_parser(__doc__.splitlines()[0], tp=2)
+    parser.add_argument("--name", default="llama", choices=["llama", "qwen3"], help="which shipped family config")
+    args = parser.parse_args()
+
+    # 1. Describe: every layer full attention and a KV owner; one head shape throughout.
+    config = load_config(args.model_dir or args.name, tiny=args.model_dir is None)
+    layout = describe(config)
+    print(f"[describe] {layout.model_type}: {layout.num_layers} layers, {len(layout.kv_owners)} KV owners, "
+          f"heads {sorted({(s.n_q, s.n_kv) for s in layout.layers})}")
+
+    # 2. Plan at the real dimensions.
+    real = load_config(args.model_dir or args.name)
+    plan = plan_capacity(describe(real), real, args.name, Target.parse(args.target))
+    print(f"[plan] recommended tp {plan.recommended_tp}; {plan.per_core_bytes['total'] / 2**30:.2f} GiB per core at tp {plan.tp}")
+
+    # 3. Load, buffers checked (Llama and Qwen3 declare no per-layer buffers; the audit still runs).
+    model, source = load_checked(args.name, args.model_dir)
+
+    # 4. Shard: the same rule as Gemma-4's. At tp 2 the KV heads split; at tp 4 (tiny) they replicate.
+    for tp in sorted({args.tp, 4}):
+        heads = plan_model(layout, tp).layers[0].plan
+        print(f"[shard] tp {tp}: {heads.strategy}; " + "; ".join(
+            f"rank {r.rank} q {list(r.q_heads)} -> kv {list(r.kv_heads)}" for r in heads.ranks))
+
+    # 5-6. Each rank shards the model, builds its graphs over its own KV store, traces them with
+    #      the all-reduce inside, and the artifact is written atomically.
+    out = Path(args.out or tempfile.mkdtemp(prefix=f"port_{args.name}_")) / "artifact"
+    manifest = compile_artifact(model, out, source, buckets=(32,), kv_lens=(256,), tp=args.tp, backend=args.backend,
+                                tokenizer_dir=args.model_dir)
+    print(f"[compile] tp {manifest['tp']}: {len(manifest['files'])} files in {out}")
+
+    # 7. Reload in a fresh process and check against Hugging Face on CPU.
+    result = validate_and_report(out, args.prompt_len, args.max_new_tokens)
+    if args.serve:
+        serve_artifact(out)
+    return 0 if result["seq_match"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,301 @@
+"""The common shape of a Hugging Face decoder-only CausalLM, as one adapter base class.
+
+Most decoder families in ``transformers`` share one module tree: ``model.model.layers[i]``
+with ``self_attn.{q,k,v,o}_proj`` and ``mlp.{gate,up,down}_proj``, ``model.model.embed_tokens``,
+an ``lm_head`` (tied or not), and a config with ``num_attention_heads`` /
+``num_key_value_heads`` / ``head_dim``. :class:`DecoderFamily` answers every question the library
+asks in those terms; a family adapter subclasses it and overrides only where its model
+differs (Gemma-4 overrides a lot; Llama and Qwen3 almost nothing).
+
+Outside ``neuron_port.families`` no module names a Hugging Face attribute: projections are
+reached by *role* (``"q"``, ``"k"``, ``"v"``, ``"o"`` for attention; ``"gate"``, ``"up"``,
+``"down"`` for the MLP), checkpoint keys come from the ``*_key`` methods, and config facts
+from the per-layer readers below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from neuron_port.errors import UnsupportedArchitectureError
+
+ATTENTION_ROLES = ("q", "k", "v", "o")
+MLP_ROLES = ("gate", "up", "down")
+
+# Sizes shared by every family's tiny variant. The initializer range is larger than the real
+# 0.02 so that random weights give decisive logits (large top-1/top-2 gaps).
+TINY_INITIALIZER_RANGE = 1.0
+TINY_VOCAB = 512
+TINY_HIDDEN = 64
+TINY_HEAD_DIM = 16
+TINY_INTERMEDIATE = 128
+TINY_PER_LAYER_INPUT = 8
+# Special ids of the demo tokenizer (neuron_port.localdir): pad 0, eos 1, bos 2.
+TINY_SPECIAL_IDS = {"pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    """Token ids the runtime needs: ``bos`` (None when the family adds none) and every ``eos``."""
+
+    bos: int | None
+    eos: tuple[int, ...]
+    pad: int | None
+
+
+class DecoderFamily:
+    """Adapter for the common Hugging Face decoder layout. Subclasses set the class attributes."""
+
+    name: str = "decoder"
+    model_types: tuple[str, ...] = ()
+    text_types: tuple[str, ...] = ()
+    # model_type -> (module path, class name) for the config and the CausalLM
+    config_classes: dict[str, tuple[str, str]] = {}
+    causal_lm_classes: dict[str, tuple[str, str]] = {}
+
+    _ATTN = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"}
+    _MLP = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
+
+    # ---- configs -------------------------------------------------------------------------
+    def _unsupported(self, model_type: Any) -> UnsupportedArchitectureError:
+        return UnsupportedArchitectureError(
+            f"unsupported architecture {model_type}; supported: {', '.join(sorted(self.model_types))}"
+        )
+
+    def text_config_dict(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """The text part of a config dict (the dict itself for a text-only family)."""
+        if raw.get("model_type") not in self.text_types:
+            raise self._unsupported(raw.get("model_type"))
+        return dict(raw)
+
+    @staticmethod
+    def _import(path: tuple[str, str]) -> type:
+        import importlib
+
+        return getattr(importlib.import_module(path[0]), path[1])
+
+    def config_class(self, model_type: str) -> type:
+        if model_type not in self.config_classes:
+            raise self._unsupported(model_type)
+        return self._import(self.config_classes[model_type])
+
+    def causal_lm_class(self, model_type: str) -> type:
+        if model_type not in self.causal_lm_classes:
+            raise self._unsupported(model_type)
+        return self._import(self.causal_lm_classes[model_type])
+
+    def make_config(self, text_dict: dict[str, Any]) -> Any:
+        """A Hugging Face text config object from a text config dict."""
+        fields = {k: v for k, v in text_dict.items() if k not in ("model_type", "architectures")}
+        return self.config_class(text_dict["model_type"])(**fields)
+
+    def config_to_dict(self, config: Any) -> dict[str, Any]:
+        """A JSON-able text config dict that :meth:`make_config` reads back to the same config."""
+        data = config.to_dict()
+        data["model_type"] = config.model_type
+        for key in ("transformers_version", "_name_or_path", "dtype", "architectures"):
+            data.pop(key, None)
+        return data
+
+    def tiny_config_dict(self, text: dict[str, Any]) -> dict[str, Any]:
+        """A shrunken text config with the family's architectural features (override per family)."""
+        raise NotImplementedError(f"the {self.name} adapter has no tiny variant")
+
+    def set_attention_implementation(self, config: Any, implementation: str) -> None:
+        """Force an attention implementation on a config (and on its text part)."""
+        config._attn_implementation = implementation
+        text = getattr(config, "text_config", None)
+        if text is not None:
+            text._attn_implementation = implementation
+
+    # ---- facts from a text config ---------------------------------------------------------
+    def num_layers(self, config: Any) -> int:
+        return int(config.num_hidden_layers)
+
+    def hidden_size(self, config: Any) -> int:
+        return int(config.hidden_size)
+
+    def vocab_size(self, config: Any) -> int:
+        return int(config.vocab_size)
+
+    def n_q(self, config: Any, index: int) -> int:
+        return int(config.num_attention_heads)
+
+    def n_kv(self, config: Any, index: int) -> int:
+        return int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+
+    def head_dim(self, config: Any, index: int) -> int:
+        value = getattr(config, "head_dim", None)
+        return int(value) if value else int(config.hidden_size) // int(config.num_attention_heads)
+
+    def layer_types(self, config: Any) -> list[str]:
+        types = getattr(config, "layer_types", None)
+        return list(types) if types else ["full_attention"] * self.num_layers(config)
+
+    def is_full(self, config: Any, index: int) -> bool:
+        return self.layer_types(config)[index] == "full_attention"
+
+    def sliding_window(self, config: Any) -> int | None:
+        """The sliding window of the model's sliding layers; None when it has none."""
+        if all(self.is_full(config, i) for i in range(self.num_layers(config))):
+            return None
+        return int(config.sliding_window)
+
+    def k_eq_v(self, config: Any, index: int) -> bool:
+        return False
+
+    def per_layer_input_size(self, config: Any) -> int:
+        return 0
+
+    def intermediate_size(self, config: Any, index: int) -> int:
+        return int(config.intermediate_size)
+
+    def is_kv_shared(self, config: Any, index: int) -> bool:
+        return False
+
+    def kv_source(self, config: Any, index: int) -> int:
+        return index
+
+    def softcap(self, config: Any) -> float | None:
+        return None
+
+    def tied_embeddings(self, config: Any) -> bool:
+        """Whether the LM head is the word embedding matrix."""
+        return bool(getattr(config, "tie_word_embeddings", True))
+
+    def special_ids(self, config: Any) -> SpecialIds:
+        eos = getattr(config, "eos_token_id", None)
+        eos_ids = (eos,) if isinstance(eos, int) else tuple(int(e) for e in (eos or ()))
+        bos = getattr(config, "bos_token_id", None)
+        pad = getattr(config, "pad_token_id", None)
+        return SpecialIds(int(bos) if bos is not None else None, eos_ids, int(pad) if pad is not None else None)
+
+    def generation_kwargs(self, config: Any, stop_ids: list[int]) -> dict[str, Any]:
+        """Keyword arguments of Hugging Face ``generate`` for a greedy reference run that stops on
+        ``stop_ids`` only (none: run to the token limit)."""
+        pad = self.special_ids(config).pad
+        return {"eos_token_id": list(stop_ids) or None, "pad_token_id": pad if pad is not None else 0}
+
+    def embedding_scales(self, config: Any) -> tuple[float | None, float | None]:
+        """Multipliers of the word and per-layer embedding rows (None: no scaling)."""
+        return None, None
+
+    # ---- modules of a model instance --------------------------------------------------------
+    def text_config_of(self, model: nn.Module) -> Any:
+        config = model.config
+        return getattr(config, "text_config", None) or config
+
+    def text_model(self, model: nn.Module) -> nn.Module:
+        """The decoder stack inside a CausalLM."""
+        return getattr(model, "model", model)
+
+    def decoder_layers(self, model: nn.Module) -> list[nn.Module]:
+        return list(self.text_model(model).layers[: self.num_layers(self.text_config_of(model))])
+
+    def attention(self, layer: nn.Module) -> nn.Module:
+        return layer.self_attn
+
+    def mlp(self, layer: nn.Module) -> nn.Module:
+        return layer.mlp
+
+    def attention_projections(self, attn: nn.Module) -> dict[str, nn.Module | None]:
+        """Role -> projection module (None where the layer has no such projection)."""
+        return {role: getattr(attn, attr, None) for role, attr in self._ATTN.items()}
+
+    def set_attention_projection(self, attn: nn.Module, role: str, module: nn.Module) -> None:
+        setattr(attn, self._ATTN[role], module)
+
+    def mlp_projections(self, mlp: nn.Module) -> dict[str, nn.Module]:
+        return {role: getattr(mlp, attr) for role, attr in self._MLP.items()}
+
+    def set_mlp_projection(self, mlp: nn.Module, role: str, module: nn.Module) -> None:
+        setattr(mlp, self._MLP[role], module)
+
+    def set_kv_groups(self, attn: nn.Module, groups: int) -> None:
+        """How many query heads share each local KV head (Hugging Face's repeat count)."""
+        attn.num_key_value_groups = groups
+
+    def word_embedding(self, model: nn.Module) -> nn.Embedding:
+        return self.text_model(model).embed_tokens
+
+    def per_layer_embedding(self, model: nn.Module) -> nn.Embedding | None:
+        return None
+
+    def lm_head_weight(self, model: nn.Module) -> torch.Tensor:
+        head = getattr(model, "lm_head", None)
+        return head.weight if head is not None else self.word_embedding(model).weight
+
+    def attention_mask_argument(self, masks: dict[str, torch.Tensor]) -> Any:
+        """What the text model's ``attention_mask`` gets, from host-built additive masks keyed
+        ``"full"`` and ``"sliding"`` ([batch, 1, q_len, kv_len] each).
+
+        The default is the mask mapping by layer type that Gemma-4, Qwen3 and most recent
+        families accept as pre-built masks. A family whose text model takes one 4-D tensor
+        must override this: given a dict it would build no mask at all and silently attend
+        everything."""
+        return {"full_attention": masks["full"], "sliding_attention": masks["sliding"]}
+
+    def text_model_extra_inputs(self, per_layer: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Extra keyword inputs of the text model (Gemma-4's per-layer inputs); none by default."""
+        return {}
+
+    def reinit_nonpersistent(self, model: nn.Module, config: Any) -> None:
+        """Recompute buffers a checkpoint never holds (RoPE tables) after an empty-weights load."""
+        text = self.text_model(model)
+        text.rotary_emb = type(text.rotary_emb)(config)
+
+    # ---- per-layer buffers --------------------------------------------------------------------
+    def layer_buffer_names(self) -> tuple[str, ...]:
+        """Per-layer persistent buffers whose loss silently breaks the model (none by default)."""
+        return ()
+
+    def buffer_defaults(self) -> dict[str, float]:
+        """Value a fresh module gives each of :meth:`layer_buffer_names` (what a params-only load leaves)."""
+        return {}
+
+    def seed_layer_buffers(self, model: nn.Module, generator: torch.Generator) -> None:
+        """Give random-weight models non-default buffer values (so a reset is visible)."""
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def normalize_key(self, key: str) -> str | None:
+        """A checkpoint key as the text CausalLM names it; None for tensors it does not use."""
+        return key
+
+    def word_embedding_key(self) -> str:
+        return "model.embed_tokens.weight"
+
+    def per_layer_embedding_key(self) -> str | None:
+        return None
+
+    def lm_head_key(self) -> str:
+        return "lm_head.weight"
+
+    def projection_key(self, index: int, role: str) -> str:
+        """Checkpoint key of layer ``index``'s attention projection weight for ``role``."""
+        return f"model.layers.{index}.self_attn.{self._ATTN[role]}.weight"
+
+    def layer_buffer_key(self, index: int, name: str) -> str:
+        return f"model.layers.{index}.{name}"
+
+    def nonpersistent_suffixes(self) -> tuple[str, ...]:
+        """Endings of state-dict names that are recomputed, never loaded."""
+        return ("inv_freq", "original_inv_freq")
+
+
+__all__ = [
+    "ATTENTION_ROLES",
+    "MLP_ROLES",
+    "DecoderFamily",
+    "SpecialIds",
+    "TINY_INITIALIZER_RANGE",
+    "TINY_VOCAB",
+    "TINY_HIDDEN",
+    "TINY_HEAD_DIM",
+    "TINY_INTERMEDIATE",
+    "TINY_PER_LAYER_INPUT",
+    "TINY_SPECIAL_IDS",
+]
