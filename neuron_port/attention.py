@@ -5,8 +5,8 @@ matmul / mask / softmax / matmul (no fused kernel, which overflows the Neuron co
 for long sliding windows). When a tensor-parallel rank's query heads do not map uniformly
 onto its KV heads, the attention module carries a constant one-hot matrix ``np_kv_expand``
 ``[local_q, local_kv]`` and K/V are expanded by a matmul with it — a static, trace-safe gather.
-Otherwise each KV head is repeated for its ``local_q / local_kv`` query heads (read from the
-tensor shapes), exactly as Hugging Face's eager path does. Nothing here reads a module
+Otherwise each KV head serves its ``local_q / local_kv`` query heads (read from the tensor
+shapes) in Hugging Face's ``repeat_kv`` order, without materialising the repeated K/V. Nothing here reads a module
 attribute of a particular family, so every family's attention modules can call it.
 """
 
@@ -56,16 +56,36 @@ def static_attention(
                          "passes the masks in a form this text model does not use")
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
+    if getattr(module, "np_kv_expand", None) is None and query.shape[1] % key.shape[1] == 0:
+        return _grouped_attention(query, key, value, attention_mask, scaling, softcap)
     k = expand_kv(key, module, query.shape[1])
     v = expand_kv(value, module, query.shape[1])
     scores = torch.matmul(query, k.transpose(2, 3)) * scaling
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    if attention_mask is not None:
-        scores = scores + attention_mask
+    scores = scores + attention_mask
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     out = torch.matmul(weights, v).transpose(1, 2).contiguous()
     return out, weights
+
+
+def _grouped_attention(query, key, value, attention_mask, scaling, softcap):
+    """The same math with each KV head read once for its whole group of query heads.
+
+    Query head ``h`` attends KV head ``h // groups`` (Hugging Face's ``repeat_kv`` order), so the
+    query [b, kv * groups, L, d] is regrouped as [b, kv, groups * L, d] and multiplied with
+    K [b, kv, S, d] directly: no [b, q_heads, S, d] copy of the KV store per layer and step.
+    """
+    b, hq, q_len, d = query.shape
+    hkv, kv_len = key.shape[1], key.shape[2]
+    grouped = query.reshape(b, hkv, (hq // hkv) * q_len, d)
+    scores = torch.matmul(grouped, key.transpose(2, 3)).view(b, hq, q_len, kv_len) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores + attention_mask
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(weights.view(b, hkv, (hq // hkv) * q_len, kv_len), value).view(b, hq, q_len, d)
+    return out.transpose(1, 2).contiguous(), weights
 
 
 def register() -> str:

@@ -33,7 +33,7 @@ from torch import nn
 
 from neuron_port import attention
 from neuron_port.families import family_of
-from neuron_port.kvcache import KVStoreSpec, onehot_write
+from neuron_port.kvcache import KVStoreSpec, onehot_write, scatter_write_
 from neuron_port.models import force_eager
 
 INPUT_NAMES = (
@@ -57,7 +57,8 @@ class OneHotCache:
     longer than the window); in decode it returns the updated buffers.
     """
 
-    def __init__(self, spec: KVStoreSpec, kv: tuple[torch.Tensor, ...], writes: dict[str, torch.Tensor], prefill: bool):
+    def __init__(self, spec: KVStoreSpec, kv: tuple[torch.Tensor, ...], writes: dict[str, torch.Tensor], prefill: bool,
+                 inplace: bool = False):
         n = len(spec.slots)
         self.index = {slot.layer: j for j, slot in enumerate(spec.slots)}
         self.kinds = {slot.layer: slot.attention for slot in spec.slots}
@@ -65,13 +66,15 @@ class OneHotCache:
         self.values = list(kv[n:])
         self.writes = writes
         self.prefill = prefill
+        self.inplace = inplace and not prefill
         self.is_compileable = False
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         j = self.index[layer_idx]
         write = self.writes[self.kinds[layer_idx]]
-        self.keys[j] = onehot_write(self.keys[j], key_states, write)
-        self.values[j] = onehot_write(self.values[j], value_states, write)
+        store = scatter_write_ if self.inplace else onehot_write
+        self.keys[j] = store(self.keys[j], key_states, write)
+        self.values[j] = store(self.values[j], value_states, write)
         if self.prefill:
             return key_states, value_states
         return self.keys[j], self.values[j]
@@ -99,6 +102,9 @@ class StaticLMGraph(nn.Module):
         self.prefill = prefill
         self.seq = seq
         self.has_ple = self.family.per_layer_input_size(self.family.text_config_of(model)) > 0
+        # Decode KV writes in place (scatter) instead of one-hot blends: set by backends that
+        # allow it (CPU), never for Neuron graphs.
+        self.inplace_kv_writes = False
 
     @property
     def aliases(self) -> dict[int, int]:
@@ -117,7 +123,8 @@ class StaticLMGraph(nn.Module):
         last_onehot: torch.Tensor,
         *kv: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
-        cache = OneHotCache(self.spec, kv, {"full": write_full, "sliding": write_sliding}, self.prefill)
+        cache = OneHotCache(self.spec, kv, {"full": write_full, "sliding": write_sliding}, self.prefill,
+                            self.inplace_kv_writes)
         extra = self.family.text_model_extra_inputs(per_layer) if self.has_ple else {}
         out = self.family.text_model(self.model)(
             inputs_embeds=inputs_embeds,

@@ -105,12 +105,30 @@ def onehot_write(buf: torch.Tensor, new: torch.Tensor, onehot: torch.Tensor) -> 
     onehot: [batch, steps, slots] with at most one 1 per slot (a step may select no slot)
     returns [batch, heads, slots, head_dim]
     """
+    if new.shape[2] == 1:
+        # Decode: one select over the buffer (read once, written once) instead of a blend.
+        hit = onehot[:, 0, :][:, None, :, None] > 0  # [batch, 1, slots, 1]
+        return torch.where(hit, new.to(buf.dtype), buf)
     onehot = onehot.to(buf.dtype)
     hit = onehot.sum(dim=1)[:, None, :, None]  # [batch, 1, slots, 1]
     written = torch.einsum("bts,bhtd->bhsd", onehot, new.to(buf.dtype))
     return buf * (1 - hit) + written
 
 
+
+
+def scatter_write_(buf: torch.Tensor, new: torch.Tensor, onehot: torch.Tensor) -> torch.Tensor:
+    """Decode write done in place: ``buf[b, :, slot_b] = new[b, :, 0]`` for each row's one slot.
+
+    buf: [batch, heads, slots, head_dim]; new: [batch, heads, 1, head_dim]; onehot: [batch, 1,
+    slots] with exactly one 1 per row (a decode step always writes its position). Returns
+    ``buf`` itself. Only for backends that allow data-dependent in-place writes (the CPU
+    backend): the buffer is not copied every step. Neuron graphs keep :func:`onehot_write`
+    (``neuron-port lint`` flags scatter).
+    """
+    b, h, _, d = buf.shape
+    slot = onehot[:, 0, :].argmax(dim=-1)  # [batch]
+    return buf.scatter_(2, slot.view(b, 1, 1, 1).expand(b, h, 1, d), new.to(buf.dtype))
 
 
 def grow(
@@ -142,4 +160,4 @@ def grow(
     return out
 
 
-__all__ = ["KVSlotSpec", "KVStoreSpec", "kv_store_spec", "naive_kv_bytes", "onehot_write", "grow"]
+__all__ = ["KVSlotSpec", "KVStoreSpec", "kv_store_spec", "naive_kv_bytes", "onehot_write", "scatter_write_", "grow"]

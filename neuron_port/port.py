@@ -100,6 +100,7 @@ class Port:
         for b, graph in self.prefill_graphs.items():
             self.prefill_runners[b] = backend.compile(graph, self.example_inputs_prefill(b, batch), graph.aliases)
         for kv, graph in self.decode_graphs.items():
+            graph.inplace_kv_writes = bool(getattr(backend, "inplace_kv_writes", False))
             self.decode_runners[kv] = backend.compile(graph, self.example_inputs_decode(kv, batch), graph.aliases)
 
     @property

@@ -9,7 +9,11 @@ last one kept), then a draw.
 the softcap applied only where it is needed: with top-k, the candidates are the raw top
 ``k + |penalised|`` tokens (softcap is increasing, so raw order is capped order; penalised
 tokens can only move within that set) plus the penalised tokens; without top-k the softmax
-needs every token, and top-p grows a ``topk`` until the nucleus is inside it.
+needs every token, and top-p grows a ``topk`` until the nucleus is inside it. The top-k and
+greedy searches over the vocabulary go block by block (:func:`fast_argmax`), because CPU
+``argmax``/``topk`` over 262,144 entries cost more than the rest of a decode step's host work.
+One edge: raw logits beyond about +-570 saturate ``tanh`` in float64, so distinct raw values can
+become equal capped values; the fast path then keeps the raw order, the reference the ties.
 :func:`reference_distribution` is the straightforward version (softcap everything, sort
 everything) that the property tests compare against. The math runs in float64.
 
@@ -99,10 +103,50 @@ def reference_distribution(
     return probs
 
 
+BLOCK = 256  # vocabulary entries per block in the blocked maximum searches
+
+
+def _blocks(values: torch.Tensor) -> torch.Tensor:
+    """[vocab] -> [ceil(vocab / BLOCK), BLOCK], padded with -inf (a view when vocab divides)."""
+    pad = -values.shape[0] % BLOCK
+    if pad:
+        values = torch.cat([values, values.new_full((pad,), float("-inf"))])
+    return values.view(-1, BLOCK)
+
+
+def fast_argmax(values: torch.Tensor) -> int:
+    """``int(torch.argmax(values))`` for a 1-D float tensor without NaNs (first index on ties).
+
+    CPU ``argmax`` over a 262,144-entry vocabulary runs scalar; the maximum of each block is a
+    vectorised reduction, so the search is: the first block holding the maximum, then the first
+    position in it.
+    """
+    if values.shape[0] <= 4 * BLOCK:
+        return int(torch.argmax(values))
+    blocks = _blocks(values)
+    row = int(torch.argmax(blocks.amax(dim=1)))
+    return row * BLOCK + int(torch.argmax(blocks[row]))
+
+
 def _tie_inclusive_topk(values: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of every entry >= the k-th largest value (no full sort)."""
-    kth = torch.topk(values, min(k, values.shape[0])).values[-1]
-    return torch.nonzero(values >= kth).flatten()
+    """Ascending indices of every entry >= the k-th largest value (no full sort).
+
+    Blocked: the k-th largest block maximum ``t`` is a lower bound of the k-th largest value
+    (k distinct entries reach ``t``), so every wanted entry lies in a block whose maximum is
+    >= ``t``; only those blocks (about k of them) are searched.
+    """
+    k = min(k, values.shape[0])
+    if values.shape[0] <= 4 * BLOCK * max(k, 1):
+        kth = torch.topk(values, k).values[-1]
+        return torch.nonzero(values >= kth).flatten()
+    blocks = _blocks(values)
+    maxima = blocks.amax(dim=1)
+    bound = torch.topk(maxima, k).values[-1]
+    rows = torch.nonzero(maxima >= bound).flatten()
+    candidates = blocks[rows]
+    kth = torch.topk(candidates.flatten(), k).values[-1]
+    hit = torch.nonzero(candidates >= kth)
+    return torch.sort(rows[hit[:, 0]] * BLOCK + hit[:, 1]).values
 
 
 def filtered_distribution(
@@ -163,7 +207,7 @@ def sample_token(
         if params.repetition_penalty != 1.0 and previous:
             ids, probs = filtered_distribution(raw, SamplingParams(1.0, 1, 1.0, params.repetition_penalty), cap, previous)
             return int(ids[torch.argmax(probs)])
-        return int(torch.argmax(raw))
+        return fast_argmax(raw)
     ids, probs = filtered_distribution(raw, params, cap, previous)
     return draw(ids, probs, generator)
 
@@ -173,5 +217,6 @@ __all__ = [
     "reference_distribution",
     "filtered_distribution",
     "draw",
+    "fast_argmax",
     "sample_token",
 ]

@@ -1,10 +1,12 @@
 """Read chosen tensors of a safetensors file straight into their final host tensors.
 
-``safe_open(...).get_tensor`` copies out of a memory map: while a table is copied, both the
-mapped file pages and the copy count against the process, so loading a 4.7 GB per-layer
-embedding table can briefly cost twice that. Here each tensor is allocated once at its final
-size and filled with ``readinto`` from the file, so peak resident memory stays at the tensors'
-own bytes (the file's pages go to the kernel's page cache, not to the process).
+``safe_open(...).get_tensor`` (safetensors 0.8) hands back tensors backed by a memory map of
+the file: resident only where touched, so a decode step's embedding gather can page-fault into
+the file (disk reads inside the token loop), and a file replaced while serving breaks the
+mapping. The slim host wants its tables in memory before the first request: here each tensor
+is allocated once at its final size and filled with ``readinto`` from the file, so resident
+memory is the tensors' own bytes, with no second copy at any point (the file's pages go to the
+kernel's page cache, not to the process).
 
 Format: 8-byte little-endian header length, a JSON header ``{name: {dtype, shape,
 data_offsets: [begin, end]}}`` (offsets relative to the end of the header), then the data.

@@ -11,7 +11,7 @@ from transformers.models.gemma4.modeling_gemma4 import sliding_window_mask_funct
 from neuron_port import describe, load_config
 from neuron_port import masks
 from neuron_port.buffers import audit_buffers, parameter_only_load, restore_buffers
-from neuron_port.kvcache import kv_store_spec, naive_kv_bytes, onehot_write
+from neuron_port.kvcache import kv_store_spec, naive_kv_bytes, onehot_write, scatter_write_
 from neuron_port.logits import greedy, softcap
 from neuron_port.models import build_model
 from neuron_port.oracle import reference_generate
@@ -33,6 +33,19 @@ def test_onehot_write_equals_index_assignment(batch, heads, slots, steps, data):
             onehot[b, t, s] = 1
             expected[b, :, s] = new[b, :, t]
     assert torch.equal(onehot_write(buf, new, onehot), expected)
+
+
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 12), st.data())
+def test_in_place_decode_write_equals_the_onehot_blend(batch, heads, slots, data):
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 999)))
+    buf = torch.randn(batch, heads, slots, 4, generator=g, dtype=torch.float64)
+    new = torch.randn(batch, heads, 1, 4, generator=g, dtype=torch.float64)
+    onehot = torch.zeros(batch, 1, slots, dtype=torch.float64)
+    for b in range(batch):
+        onehot[b, 0, data.draw(st.integers(0, slots - 1))] = 1
+    expected = onehot_write(buf, new, onehot)
+    out = scatter_write_(buf, new, onehot)
+    assert out is buf and torch.equal(out, expected)
 
 
 @given(st.integers(1, 9), st.integers(1, 60), st.integers(0, 40))

@@ -2,12 +2,14 @@
 
 import pytest
 import torch
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from neuron_port.sampling import (
     SamplingParams,
+    _tie_inclusive_topk,
     draw,
+    fast_argmax,
     filtered_distribution,
     reference_distribution,
     sample_token,
@@ -100,3 +102,39 @@ def test_bad_params_are_rejected():
     for kwargs in ({"temperature": -1}, {"top_k": -1}, {"top_p": 0.0}, {"top_p": 1.5}, {"repetition_penalty": 0}):
         with pytest.raises(ValueError):
             SamplingParams(**kwargs)
+
+
+# ---- blocked searches over large vocabularies (the paths a 262,144-entry vocabulary takes) ----
+@st.composite
+def big_logits(draw_):
+    vocab = draw_(st.integers(1025, 12000))  # includes sizes that are not multiples of the block
+    seed = draw_(st.integers(0, 2**16))
+    spread = draw_(st.sampled_from([3, 50, 10**6]))  # 3: ties everywhere, including at the top
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(-spread, spread + 1, (vocab,), generator=gen).to(torch.float32)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(big_logits())
+def test_fast_argmax_is_the_first_argmax(raw):
+    assert fast_argmax(raw) == int(torch.argmax(raw))
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(big_logits(), st.integers(1, 4))
+def test_blocked_topk_keeps_exactly_the_ties_inclusive_top_k(raw, k):
+    kth = torch.sort(raw, descending=True).values[k - 1]
+    expected = torch.nonzero(raw >= kth).flatten()
+    assert torch.equal(_tie_inclusive_topk(raw, k), expected)
+
+
+@settings(max_examples=10, deadline=None, derandomize=True)
+@given(big_logits(), st.sampled_from([0.9, 0.5, 1.0]))
+def test_fast_distribution_equals_reference_on_a_large_vocabulary(raw, top_p):
+    # logits within +-60: the softcap (30) bends them but does not saturate tanh into new ties
+    raw = raw / raw.abs().max() * 60
+    params = SamplingParams(temperature=0.8, top_k=3, top_p=top_p)
+    ids, probs = filtered_distribution(raw, params, 30.0)
+    dense = torch.zeros(raw.shape[0], dtype=torch.float64)
+    dense[ids] = probs
+    assert torch.allclose(dense, reference_distribution(raw, params, 30.0), atol=1e-12)

@@ -1,7 +1,7 @@
 """CPU backend: eager (the graph module itself) or compiled with TorchScript tracing.
 
-Tracing was chosen over ``torch.export`` and ``torch.compile`` because the traced graph
-removes the Hugging Face forward's Python overhead, saves and loads with ``torch.jit.save`` /
+Tracing was chosen over ``torch.export`` and ``torch.compile`` because the traced (and frozen)
+graph removes the Hugging Face forward's Python overhead, saves and loads with ``torch.jit.save`` /
 ``torch.jit.load`` exactly like the Neuron backend's artifacts, and carries the TP all-reduce
 as a custom op. ``benchmarks/cpu_backend.py`` measures it against eager.
 """
@@ -24,6 +24,10 @@ class CpuBackend:
             raise ValueError(f"cpu backend mode must be 'jit' or 'eager', found {mode!r}")
         self.mode = mode
         self.name = "cpu"
+        # Traced decode graphs write the new token's K/V in place (scatter) rather than
+        # re-writing every buffer with a one-hot blend: on a CPU the blend is a full pass over
+        # the KV store per step. Eager mode keeps the device graphs' exact ops.
+        self.inplace_kv_writes = mode == "jit"
 
     def compile(self, graph: nn.Module, example_inputs: Sequence[torch.Tensor], aliases: dict[int, int],
                 options: dict[str, Any] | None = None) -> Runnable:
@@ -31,7 +35,9 @@ class CpuBackend:
             return graph
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
-            return torch.jit.trace(graph, tuple(example_inputs), check_trace=False, strict=False)
+            traced = torch.jit.trace(graph, tuple(example_inputs), check_trace=False, strict=False)
+            # Freezing inlines the weights as constants: no attribute lookups per op at run time.
+            return torch.jit.freeze(traced.eval())
 
     def save(self, runnable: Runnable, path: Path) -> None:
         if not isinstance(runnable, torch.jit.ScriptModule):

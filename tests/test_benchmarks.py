@@ -1,0 +1,84 @@
+"""CI smoke runs of every benchmark: tiny settings, valid JSON with the documented fields.
+
+No figure is asserted (speed and memory are machine-dependent; see benchmarks/README.md for
+measured numbers); only that each script runs end to end and reports what it promises.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py"))
+
+
+def _run(script: str, *args: str) -> dict:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def _positive(*values) -> bool:
+    return all(isinstance(v, (int, float)) and v > 0 for v in values)
+
+
+def test_every_benchmark_has_a_smoke_test_and_a_readme_entry():
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    for script in SCRIPTS:
+        assert script in readme, f"benchmarks/README.md does not describe {script}"
+    tested = {"host_overhead.py", "decode_vs_hf.py", "kv_memory.py", "slim_rss.py", "host_step.py", "cpu_backend.py"}
+    assert set(SCRIPTS) <= tested, f"no smoke test for {set(SCRIPTS) - tested}"
+
+
+@pytest.mark.slow
+def test_host_overhead_smoke():
+    out = _run("host_overhead.py", "--smoke", "--json")
+    assert out["device_step_ms_anchor"] == 23.0
+    assert _positive(out["greedy_ms_per_token"], out["sampled_ms_per_token"], out["greedy_ratio_to_anchor"],
+                     out["sampled_ratio_to_anchor"], out["peer_greedy_ms_per_token"], out["peer_sampled_ms_per_token"])
+
+
+@pytest.mark.slow
+def test_decode_vs_hf_smoke():
+    out = _run("decode_vs_hf.py", "--smoke", "--json")
+    assert [r["context"] for r in out["results"]] == [16, 32]
+    for row in out["results"]:
+        assert {"variant", "context", "port_tok_per_s", "hf_tok_per_s", "ratio"} <= set(row)
+        assert _positive(row["port_tok_per_s"], row["hf_tok_per_s"], row["ratio"])
+    assert set(out["flatness"]) == {"tiny"}
+
+
+def test_kv_memory_smoke_with_plot(tmp_path):
+    png = tmp_path / "kv.png"
+    out = _run("kv_memory.py", "--smoke", "--json", "--plot", str(png))
+    assert set(out["results"]) == {"gemma-4-e2b", "gemma-4-e4b", "gemma-4-12b"}
+    for rows in out["results"].values():
+        for row in rows:
+            assert row["owners_rings"] <= row["owners_full"] <= row["every_layer_full"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_slim_rss_smoke():
+    out = _run("slim_rss.py", "--smoke", "--json")
+    assert _positive(out["embedding_bytes"], out["full_model_bytes_bf16"], out["peak_rss_bytes"],
+                     out["peak_over_embedding_bytes"], out["peer_over_library_peak"])
+    assert out["library"]["embedding_bytes"] == out["embedding_bytes"]
+
+
+@pytest.mark.slow
+def test_host_step_smoke():
+    out = _run("host_step.py", "--vocab", "4096", "--kv-len", "256", "--window", "64", "--repeats", "2")
+    assert _positive(out["sampling_ms"]["library_topk_topp"], out["decode_host_inputs_ms"]["preallocated"])
+
+
+@pytest.mark.slow
+def test_cpu_backend_smoke():
+    out = _run("cpu_backend.py", "--tokens", "4", "--repeats", "1")
+    assert _positive(out["ratio_eager_over_compiled"]) and out["same_tokens"] is True
