@@ -101,9 +101,36 @@ class DecoderFamily:
             data.pop(key, None)
         return data
 
+    # The tiny variant of the common shape: (query heads, KV heads), layer count, positions.
+    tiny_heads: tuple[int, int] | None = None
+    tiny_layers: int = 4
+    tiny_max_positions: int = 4096
+
     def tiny_config_dict(self, text: dict[str, Any]) -> dict[str, Any]:
-        """A shrunken text config with the family's architectural features (override per family)."""
-        raise NotImplementedError(f"the {self.name} adapter has no tiny variant")
+        """A shrunken text config with the family's architectural features.
+
+        For the common shape: the shared tiny sizes, ``tiny_layers`` layers and ``tiny_heads``
+        heads of the tiny head size, and the demo tokenizer's special ids; everything else (RoPE
+        scaling, tying, norms) is kept. Families with more structure override this.
+        """
+        if self.tiny_heads is None:
+            raise NotImplementedError(f"the {self.name} adapter has no tiny variant")
+        q_heads, kv_heads = self.tiny_heads
+        tiny = dict(text)
+        tiny.update(
+            vocab_size=TINY_VOCAB,
+            hidden_size=TINY_HIDDEN,
+            intermediate_size=TINY_INTERMEDIATE,
+            num_hidden_layers=self.tiny_layers,
+            num_attention_heads=q_heads,
+            num_key_value_heads=kv_heads,
+            head_dim=TINY_HEAD_DIM,
+            max_position_embeddings=self.tiny_max_positions,
+            initializer_range=TINY_INITIALIZER_RANGE,
+            **TINY_SPECIAL_IDS,
+        )
+        tiny.pop("layer_types", None)  # recomputed by the config from the new layer count
+        return tiny
 
     def set_attention_implementation(self, config: Any, implementation: str) -> None:
         """Force an attention implementation on a config (and on its text part)."""

@@ -10,19 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_port.families.decoder import (
-    TINY_HEAD_DIM,
-    TINY_HIDDEN,
-    TINY_INITIALIZER_RANGE,
-    TINY_INTERMEDIATE,
-    TINY_SPECIAL_IDS,
-    TINY_VOCAB,
-    DecoderFamily,
-)
-
-TINY_LAYERS = 4
-TINY_Q_HEADS = 4
-TINY_KV_HEADS = 2  # 2 query heads per KV head, as in Qwen3-0.6B (16/8); fewer than tp 4
+from neuron_port.families.decoder import DecoderFamily
 
 
 class Qwen3Family(DecoderFamily):
@@ -31,6 +19,8 @@ class Qwen3Family(DecoderFamily):
     model_types = ("qwen3",)
     config_classes = {"qwen3": ("transformers", "Qwen3Config")}
     causal_lm_classes = {"qwen3": ("transformers", "Qwen3ForCausalLM")}
+    # 2 query heads per KV head, as in Qwen3-0.6B (16/8); 2 KV heads are fewer than tp 4.
+    tiny_heads = (4, 2)
 
     def sliding_window(self, config: Any) -> int | None:
         if not getattr(config, "use_sliding_window", False):
@@ -38,23 +28,9 @@ class Qwen3Family(DecoderFamily):
         return super().sliding_window(config)
 
     def tiny_config_dict(self, text: dict[str, Any]) -> dict[str, Any]:
-        """4 layers, 4 q / 2 kv heads of 16 (with q/k norms), hidden 64."""
-        tiny = dict(text)
-        tiny.update(
-            vocab_size=TINY_VOCAB,
-            hidden_size=TINY_HIDDEN,
-            intermediate_size=TINY_INTERMEDIATE,
-            num_hidden_layers=TINY_LAYERS,
-            num_attention_heads=TINY_Q_HEADS,
-            num_key_value_heads=TINY_KV_HEADS,
-            head_dim=TINY_HEAD_DIM,
-            max_window_layers=TINY_LAYERS,
-            max_position_embeddings=4096,
-            initializer_range=TINY_INITIALIZER_RANGE,
-            **TINY_SPECIAL_IDS,
-        )
-        tiny.pop("layer_types", None)  # recomputed by the config from the new layer count
-        return tiny
+        """The common tiny shape (4 q / 2 kv heads of 16, q/k norms kept) with
+        ``max_window_layers`` at the tiny layer count: no layer slides unless a caller lowers it."""
+        return {**super().tiny_config_dict(text), "max_window_layers": self.tiny_layers}
 
 
 QWEN3 = Qwen3Family()
