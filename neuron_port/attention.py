@@ -6,8 +6,9 @@ for long sliding windows). When a tensor-parallel rank's query heads do not map 
 onto its KV heads, the attention module carries a constant one-hot matrix ``np_kv_expand``
 ``[local_q, local_kv]`` and K/V are expanded by a matmul with it — a static, trace-safe gather.
 Otherwise each KV head serves its ``local_q / local_kv`` query heads (read from the tensor
-shapes) in Hugging Face's ``repeat_kv`` order, without materialising the repeated K/V. Nothing here reads a module
-attribute of a particular family, so every family's attention modules can call it.
+shapes) in Hugging Face's ``repeat_kv`` order, without materialising the repeated K/V. Nothing
+here reads a module attribute of a particular family, so every family's attention modules can
+call it.
 """
 
 from __future__ import annotations
@@ -18,19 +19,10 @@ from torch import nn
 NAME = "neuron_port_eager"
 
 
-def expand_kv(states: torch.Tensor, module: nn.Module, local_q: int) -> torch.Tensor:
-    """[batch, local_kv, seq, head_dim] -> [batch, local_q, seq, head_dim]."""
-    expand = getattr(module, "np_kv_expand", None)
-    if expand is not None:
-        return torch.einsum("qk,bksd->bqsd", expand.to(states.dtype), states)
-    if local_q % states.shape[1]:
-        raise ValueError(f"{local_q} query heads do not divide evenly over {states.shape[1]} KV heads "
-                         "and the module carries no np_kv_expand gather")
-    groups = local_q // states.shape[1]
-    if groups == 1:
-        return states
-    b, h, s, d = states.shape
-    return states[:, :, None].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
+def expand_kv(states: torch.Tensor, expand: torch.Tensor) -> torch.Tensor:
+    """The static gather of a straddling rank: states [batch, local_kv, seq, head_dim] and the
+    one-hot ``expand`` [local_q, local_kv] -> [batch, local_q, seq, head_dim]."""
+    return torch.einsum("qk,bksd->bqsd", expand.to(states.dtype), states)
 
 
 def static_attention(
@@ -56,21 +48,17 @@ def static_attention(
                          "passes the masks in a form this text model does not use")
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    if getattr(module, "np_kv_expand", None) is None and query.shape[1] % key.shape[1] == 0:
-        return _grouped_attention(query, key, value, attention_mask, scaling, softcap)
-    k = expand_kv(key, module, query.shape[1])
-    v = expand_kv(value, module, query.shape[1])
-    scores = torch.matmul(query, k.transpose(2, 3)) * scaling
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    scores = scores + attention_mask
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    out = torch.matmul(weights, v).transpose(1, 2).contiguous()
-    return out, weights
+    expand = getattr(module, "np_kv_expand", None)
+    if expand is not None:
+        key, value = expand_kv(key, expand), expand_kv(value, expand)
+    elif query.shape[1] % key.shape[1]:
+        raise ValueError(f"{query.shape[1]} query heads do not divide evenly over {key.shape[1]} KV heads "
+                         "and the module carries no np_kv_expand gather")
+    return _grouped_attention(query, key, value, attention_mask, scaling, softcap)
 
 
 def _grouped_attention(query, key, value, attention_mask, scaling, softcap):
-    """The same math with each KV head read once for its whole group of query heads.
+    """Eager attention with each KV head read once for its whole group of query heads.
 
     Query head ``h`` attends KV head ``h // groups`` (Hugging Face's ``repeat_kv`` order), so the
     query [b, kv * groups, L, d] is regrouped as [b, kv, groups * L, d] and multiplied with
