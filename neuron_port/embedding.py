@@ -87,9 +87,9 @@ def load_host_embeddings(model_dir: str | Path, config) -> HostEmbeddings:
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
     for path in files:
-        header, _ = read_header(path)
-        keys = {key: wanted[family.normalize_key(key)] for key in header if family.normalize_key(key) in wanted}
-        for key, tensor in read_tensors(path, keys).items():
+        header = read_header(path)
+        keys = {key: wanted[norm] for key in header[0] if (norm := family.normalize_key(key)) in wanted}
+        for key, tensor in read_tensors(path, keys, header).items():
             found[keys[key]] = tensor
     if "word" not in found:
         raise KeyError(f"{model_dir}: no tensor named {family.word_embedding_key()} (or a wrapper's equivalent)")

@@ -70,9 +70,13 @@ def _numel(shape: Iterable[int]) -> int:
     return n
 
 
-def read_tensors(path: str | Path, names: Iterable[str]) -> dict[str, torch.Tensor]:
-    """The tensors ``names`` of one file, each read once into its own allocation."""
-    header, start = read_header(path)
+def read_tensors(path: str | Path, names: Iterable[str],
+                 header: tuple[dict[str, dict], int] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors ``names`` of one file, each read once into its own allocation.
+
+    ``header`` is :func:`read_header`'s result when the caller has already read it.
+    """
+    header, start = header or read_header(path)
     out: dict[str, torch.Tensor] = {}
     with open(path, "rb", buffering=0) as fh:
         for name in names:
