@@ -55,16 +55,18 @@ class PromptError(NeuronPortError, ValueError):
     pass
 
 
-def _prompt_ids(args: argparse.Namespace, vocab: int, bos: int | None) -> list[int]:
+def _prompt_ids(args: argparse.Namespace, source: str, vocab: int, bos: int | None) -> list[int]:
+    """``--prompt TEXT`` tokenised with ``source``'s tokenizer.json, or ``--prompt-len`` seeded
+    random ids; BOS first when the family has one."""
     import torch
 
     if args.prompt is not None:
         from neuron_port.tokenizer import load_tokenizer
 
-        tok = load_tokenizer(args.model)
+        tok = load_tokenizer(source)
         if tok is None:
             raise PromptError(
-                f"--prompt TEXT needs a tokenizer.json next to the model; {args.model} has none. "
+                f"--prompt TEXT needs a tokenizer.json in {source}; it has none. "
                 "Use --prompt-len N for random prompt tokens."
             )
         return ([bos] if bos is not None else []) + tok.encode(args.prompt).ids
@@ -121,7 +123,7 @@ def _cmd_port(args: argparse.Namespace) -> int:
     # A random-weight model's end-of-sequence token is noise: stop on it only for real weights.
     stop_on_eos = real_weights if args.stop_at_eos is None else args.stop_at_eos
     stop_ids = list(special.eos) if stop_on_eos else []
-    prompt = _prompt_ids(args, family.vocab_size(config), special.bos)
+    prompt = _prompt_ids(args, args.model, family.vocab_size(config), special.bos)
     prompts = [prompt[: max(1, len(prompt) - 3 * row)] for row in range(args.batch)]
     job = GenerationJob(prompts, args.max_new_tokens, args.buckets, args.kv_len, stop_ids)
     result = generate_with_port(model, job, tp=args.tp)
@@ -229,8 +231,6 @@ def _add_compile(sub) -> None:
 def _cmd_generate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import torch
-
     from neuron_port.artifact import verify
     from neuron_port.compiled import generate_from_artifact, reference_model
     from neuron_port.configs import load_config
@@ -240,17 +240,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     config = load_config(Path(args.dir) / "config.json")
     family = family_for(config.model_type)
     special = family.special_ids(config)
-    bos = [special.bos] if special.bos is not None else []
-    if args.prompt is not None:
-        from neuron_port.tokenizer import load_tokenizer
-
-        tok = load_tokenizer(args.dir)
-        if tok is None:
-            raise PromptError(f"--prompt TEXT needs tokenizer.json in the artifact; {args.dir} has none; use --prompt-len")
-        prompt = bos + tok.encode(args.prompt).ids
-    else:
-        gen = torch.Generator().manual_seed(args.seed + 1000)
-        prompt = bos + torch.randint(3, family.vocab_size(config), (args.prompt_len - len(bos),), generator=gen).tolist()
+    prompt = _prompt_ids(args, args.dir, family.vocab_size(config), special.bos)
     stop_ids = list(special.eos) if args.stop_at_eos else []
     result = generate_from_artifact(args.dir, [prompt], args.max_new_tokens, stop_ids, manifest=manifest)
     out: dict[str, Any] = {
