@@ -13,13 +13,10 @@ the compiler's fused attention, so attention stays eager (the library's default)
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 from neuron_port import describe, load_config
 from neuron_port.compiled import compile_artifact
 from neuron_port.planner import Target, plan_capacity
-from neuron_port.recipe import load_checked, recipe_parser, serve_artifact, validate_and_report
+from neuron_port.recipe import artifact_dir, load_checked, recipe_parser, validate_then_serve
 from neuron_port.sharding import plan_model
 
 NAME = "gemma-4-12b"
@@ -51,16 +48,13 @@ def main() -> int:
         print(f"[shard] {kind} layers ({layer.plan.strategy}): per rank (kv heads, groups) {ranks}")
 
     # 5-6. Per-rank graphs, traced with the all-reduce inside, written atomically as one artifact.
-    out = Path(args.out or tempfile.mkdtemp(prefix="gemma4_12b_")) / "artifact"
+    out = artifact_dir(args, "gemma4_12b_")
     manifest = compile_artifact(model, out, source, buckets=(32,), kv_lens=(256,), tp=args.tp, backend=args.backend,
                                 tokenizer_dir=args.model_dir)
     print(f"[compile] tp {manifest['tp']}: {len(manifest['files'])} files in {out}")
 
-    # 7. Reload in a fresh process and check against HF on CPU.
-    result = validate_and_report(out, args.prompt_len, args.max_new_tokens)
-    if args.serve:
-        serve_artifact(out)
-    return 0 if result["seq_match"] else 1
+    # 7. Reload in a fresh process, check against HF on CPU, then serve with --serve.
+    return validate_then_serve(out, args)
 
 
 if __name__ == "__main__":

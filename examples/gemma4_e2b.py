@@ -13,14 +13,11 @@ those 15 owners allocate, sliding owners as rings of the 512-token window.
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 from neuron_port import describe, load_config
 from neuron_port.compiled import compile_artifact
 from neuron_port.kvcache import kv_store_spec, naive_kv_bytes
 from neuron_port.planner import Target, plan_capacity
-from neuron_port.recipe import load_checked, recipe_parser, serve_artifact, validate_and_report
+from neuron_port.recipe import artifact_dir, load_checked, recipe_parser, validate_then_serve
 
 NAME = "gemma-4-e2b"
 
@@ -52,18 +49,14 @@ def main() -> int:
           f"vs {naive_kv_bytes(layout, kv_len, 1, 4):,} B if every layer kept a full-length cache")
 
     # 6. Compile both graphs and write the verified artifact (atomically).
-    out = Path(args.out or tempfile.mkdtemp(prefix="gemma4_e2b_")) / "artifact"
+    out = artifact_dir(args, "gemma4_e2b_")
     manifest = compile_artifact(model, out, source_info, buckets=(32,), kv_lens=(kv_len,), backend=args.backend,
                                 tokenizer_dir=args.model_dir)
     print(f"[compile] {len(manifest['files'])} files in {out}, weights fingerprint {manifest['weights_fingerprint'][:16]}…")
 
-    # 7. Reload it the way a server will — a fresh process, the directory alone — and check against HF on CPU.
-    result = validate_and_report(out, args.prompt_len, args.max_new_tokens)
-
-    # 8. Optionally serve it (OpenAI-compatible API).
-    if args.serve:
-        serve_artifact(out)
-    return 0 if result["seq_match"] else 1
+    # 7-8. Reload it the way a server will (a fresh process, the directory alone), check it against HF
+    #      on CPU, then serve it with --serve (OpenAI-compatible API).
+    return validate_then_serve(out, args)
 
 
 if __name__ == "__main__":

@@ -14,13 +14,10 @@ on Qwen3 (q/k norms per head, 2 query heads per KV head).
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 from neuron_port import describe, load_config
 from neuron_port.compiled import compile_artifact
 from neuron_port.planner import Target, plan_capacity
-from neuron_port.recipe import load_checked, recipe_parser, serve_artifact, validate_and_report
+from neuron_port.recipe import artifact_dir, load_checked, recipe_parser, validate_then_serve
 from neuron_port.sharding import plan_model
 
 
@@ -51,16 +48,13 @@ def main() -> int:
 
     # 5-6. Each rank shards the model, builds its graphs over its own KV store, traces them with
     #      the all-reduce inside, and the artifact is written atomically.
-    out = Path(args.out or tempfile.mkdtemp(prefix=f"port_{args.name}_")) / "artifact"
+    out = artifact_dir(args, f"port_{args.name}_")
     manifest = compile_artifact(model, out, source, buckets=(32,), kv_lens=(256,), tp=args.tp, backend=args.backend,
                                 tokenizer_dir=args.model_dir)
     print(f"[compile] tp {manifest['tp']}: {len(manifest['files'])} files in {out}")
 
-    # 7. Reload in a fresh process and check against Hugging Face on CPU.
-    result = validate_and_report(out, args.prompt_len, args.max_new_tokens)
-    if args.serve:
-        serve_artifact(out)
-    return 0 if result["seq_match"] else 1
+    # 7. Reload in a fresh process, check against Hugging Face on CPU, then serve with --serve.
+    return validate_then_serve(out, args)
 
 
 if __name__ == "__main__":

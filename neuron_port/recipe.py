@@ -49,6 +49,22 @@ def validate_and_report(artifact: str | Path, prompt_len: int, max_new_tokens: i
     return result
 
 
+def artifact_dir(args: argparse.Namespace, prefix: str) -> Path:
+    """Where a recipe writes its artifact: ``--out``/artifact, or a fresh temporary directory's."""
+    import tempfile
+
+    return Path(args.out or tempfile.mkdtemp(prefix=prefix)) / "artifact"
+
+
+def validate_then_serve(artifact: str | Path, args: argparse.Namespace) -> int:
+    """The last steps of every recipe: the fresh-process check (prints ``SEQ_MATCH``), then the
+    server if ``--serve`` was given. Returns the recipe's exit code (0 when the tokens match)."""
+    result = validate_and_report(artifact, args.prompt_len, args.max_new_tokens)
+    if args.serve:
+        serve_artifact(artifact)
+    return 0 if result["seq_match"] else 1
+
+
 def serve_artifact(artifact: str | Path, host: str = "127.0.0.1", port: int = 8000) -> None:
     """Serve a verified artifact with the OpenAI-compatible server (needs the ``serve`` extra)."""
     from neuron_port.serve import build_app, load_served, serve
@@ -56,4 +72,4 @@ def serve_artifact(artifact: str | Path, host: str = "127.0.0.1", port: int = 80
     serve(build_app(lambda: load_served(str(artifact))), host=host, port=port)
 
 
-__all__ = ["recipe_parser", "load_checked", "validate_and_report", "serve_artifact"]
+__all__ = ["recipe_parser", "load_checked", "artifact_dir", "validate_and_report", "validate_then_serve", "serve_artifact"]
