@@ -131,7 +131,7 @@ class Generator:
         return run
 
     # ---- the loop ---------------------------------------------------------------------------
-    @torch.no_grad()
+    @torch.inference_mode()
     def stream_batch(
         self,
         prompts: Sequence[Sequence[int]],
@@ -141,7 +141,12 @@ class Generator:
         cancelled: Callable[[int], bool] | None = None,
     ) -> Iterator[TokenEvent]:
         """Yield every row's tokens step by step. ``cancelled(row)`` -> True stops that row
-        (finish reason ``cancelled``; it keeps running as padding until the batch ends)."""
+        (finish reason ``cancelled``; it keeps running as padding until the batch ends).
+
+        The loop runs in ``torch.inference_mode`` (no autograd bookkeeping per op: about 5-10 %
+        of a CPU decode step at the mid-size benchmark variant). Tensors it creates or hands
+        back (the port's reused decode inputs, kept logits) are inference tensors: read them
+        freely, but clone one before changing it in place outside inference mode."""
         port = self.port
         batch = len(prompts)
         rows = list(params) if isinstance(params, (list, tuple)) else [params] * batch
