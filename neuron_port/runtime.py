@@ -144,9 +144,9 @@ class Generator:
         (finish reason ``cancelled``; it keeps running as padding until the batch ends).
 
         The loop runs in ``torch.inference_mode`` (no autograd bookkeeping per op: about 5-10 %
-        of a CPU decode step at the mid-size benchmark variant). Tensors it creates or hands
-        back (the port's reused decode inputs, kept logits) are inference tensors: read them
-        freely, but clone one before changing it in place outside inference mode."""
+        of a CPU decode step at the mid-size benchmark variant). Tensors it hands back (kept
+        logits) are inference tensors: read them freely, but clone one before changing it in
+        place outside inference mode. The port's reused decode inputs stay ordinary tensors."""
         port = self.port
         batch = len(prompts)
         rows = list(params) if isinstance(params, (list, tuple)) else [params] * batch

@@ -12,7 +12,7 @@ from neuron_port import describe, load_config
 from neuron_port.errors import BucketError
 from neuron_port.localdir import build_tokenizer
 from neuron_port.models import build_model
-from neuron_port.port import Port
+from neuron_port.port import Port, greedy_generate
 from neuron_port.oracle import reference_generate
 from neuron_port.runtime import GenerationParams, Generator
 from neuron_port.sampling import SamplingParams
@@ -149,3 +149,14 @@ def test_decode_step_reuses_its_buffers(e2b):
     first = port.decode_inputs(torch.tensor([5]), torch.tensor([9]), 32)
     second = port.decode_inputs(torch.tensor([6]), torch.tensor([10]), 32)
     assert all(a.data_ptr() == b.data_ptr() for a, b in zip(first, second))
+
+
+def test_port_stays_usable_outside_the_inference_mode_loop(e2b):
+    """The loop runs in inference mode; the port's reused decode inputs (first made inside it)
+    must still fill, and its stores still take in-place writes, in ordinary code afterwards."""
+    port = Port(copy.deepcopy(e2b), describe(e2b), [8], [32])
+    greedy_generate(port, [[2, 5, 7]], 3)
+    inputs = port.decode_inputs(torch.tensor([5]), torch.tensor([9]), 32)
+    assert not any(t.is_inference() for t in inputs)
+    want = port.host_inputs_decode(torch.tensor([5]), torch.tensor([9]), 32)
+    assert all(torch.equal(a, b) for a, b in zip(inputs, want))
