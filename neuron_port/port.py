@@ -136,11 +136,7 @@ class Port:
         kv = kv_len or self.kv_len
         key = (int(tokens.shape[0]), kv)
         if key not in self._scratch:
-            # Ordinary tensors even when first made inside the runtime's inference-mode loop:
-            # they outlive it and take in-place writes from code that runs outside it.
-            with torch.inference_mode(False):
-                self._scratch[key] = DecodeScratch(key[0], kv, self.rings[kv], self.layout.sliding_window,
-                                                   self.embeddings, self.dtype)
+            self._scratch[key] = DecodeScratch(key[0], kv, self.rings[kv], self.layout.sliding_window, self.embeddings, self.dtype)
         return self._scratch[key].fill(tokens, positions)
 
     def host_inputs_decode(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int | None = None) -> list[torch.Tensor]:

@@ -18,6 +18,9 @@ from neuron_port.embedding import HostEmbeddings
 class DecodeScratch:
     """Decode inputs for ``batch`` rows at one KV length (``ring`` slots for sliding owners, or None)."""
 
+    # Ordinary tensors even when first made inside an inference-mode loop (the runtime's): they
+    # outlive it and take in-place writes from code that runs outside it.
+    @torch.inference_mode(False)
     def __init__(self, batch: int, kv_len: int, ring: int | None, window: int | None, embeddings: HostEmbeddings, dtype: torch.dtype):
         self.batch, self.kv_len, self.ring, self.window = batch, kv_len, ring, window
         self.embeddings = embeddings
