@@ -29,11 +29,14 @@ def require_backend(name: str) -> None:
 
 
 def get_backend(name: str, **options):
-    """A backend by name: ``cpu`` (TorchScript-traced), ``cpu-eager``, ``neuron``, ``nxd``."""
+    """A backend by name: ``cpu`` (TorchScript-traced), ``cpu-eager``, ``neuron``, ``nxd``.
+
+    ``options`` go to the backend's constructor (``cpu``: ``passes=False`` keeps the traced graph
+    as traced; ``neuron``: ``auto_cast``)."""
     if name in ("cpu", "cpu-eager"):
         from neuron_port.backends.cpu import CpuBackend
 
-        return CpuBackend("eager" if name == "cpu-eager" else "jit")
+        return CpuBackend("eager" if name == "cpu-eager" else "jit", **options)
     require_backend(name)
     if name == "neuron":
         from neuron_port.backends.neuron import NeuronBackend

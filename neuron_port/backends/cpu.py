@@ -3,7 +3,10 @@
 Tracing was chosen over ``torch.export`` and ``torch.compile`` because the traced (and frozen)
 graph removes the Hugging Face forward's Python overhead, saves and loads with ``torch.jit.save`` /
 ``torch.jit.load`` exactly like the Neuron backend's artifacts, and carries the TP all-reduce
-as a custom op. ``benchmarks/cpu_backend.py`` measures it against eager.
+as a custom op. With ``passes=True`` (the default) the traced graph also goes through
+:mod:`neuron_port.backends.static_graph_passes` (constant sizes, no-op casts dropped, wide
+weights pre-transposed); such a graph runs only with the shapes it was traced with.
+``benchmarks/cpu_backend.py`` measures eager, traced and traced-with-passes against each other.
 """
 
 from __future__ import annotations
@@ -16,14 +19,20 @@ import torch
 from torch import nn
 
 from neuron_port.backends.base import Runnable
+from neuron_port.backends.static_graph_passes import optimize_traced
 
 
 class CpuBackend:
-    def __init__(self, mode: str = "jit"):
+    def __init__(self, mode: str = "jit", passes: bool = True):
         if mode not in ("jit", "eager"):
             raise ValueError(f"cpu backend mode must be 'jit' or 'eager', found {mode!r}")
         self.mode = mode
+        self.passes = passes
         self.name = "cpu"
+        # Compiled graphs take only the batch they were compiled for (Port.batch enforces it).
+        self.static_batch = mode == "jit"
+        # Nodes each pass changed, summed over the graphs this backend compiled.
+        self.pass_counts: dict[str, int] = {}
         # Traced decode graphs write the new token's K/V in place (scatter) rather than
         # re-writing every buffer with a one-hot blend: on a CPU the blend is a full pass over
         # the KV store per step. Eager mode keeps the device graphs' exact ops.
@@ -36,8 +45,13 @@ class CpuBackend:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
             traced = torch.jit.trace(graph, tuple(example_inputs), check_trace=False, strict=False)
-            # Freezing inlines the weights as constants: no attribute lookups per op at run time.
-            return torch.jit.freeze(traced.eval())
+            if not self.passes:
+                # Freezing inlines the weights as constants: no attribute lookups per op at run time.
+                return torch.jit.freeze(traced.eval())
+            frozen, counts = optimize_traced(traced)
+            for name, count in counts.items():
+                self.pass_counts[name] = self.pass_counts.get(name, 0) + count
+            return frozen
 
     def save(self, runnable: Runnable, path: Path) -> None:
         if not isinstance(runnable, torch.jit.ScriptModule):
