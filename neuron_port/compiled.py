@@ -169,7 +169,8 @@ def load_port(directory: str | Path, rank: int = 0, allow_version_mismatch: bool
     prefill = {b: backend.load(rank_dir / f"prefill_{b}.pt") for b in manifest["buckets"]}
     decode = {kv: backend.load(rank_dir / f"decode_{kv}.pt") for kv in manifest["kv_lens"]}
     port = Port(None, layout, manifest["buckets"], manifest["kv_lens"], kv_heads=kv_heads,
-                embeddings=load_host_embeddings(directory, config), runners=(prefill, decode))
+                embeddings=load_host_embeddings(directory, config), runners=(prefill, decode),
+                batch=int(manifest["batch"]))
     expected = manifest["kv_layout"][rank]
     if _kv_layout(port) != expected:
         raise ArtifactError(f"field kv_layout (rank {rank}): expected {expected}, found {_kv_layout(port)} for this config and tp")

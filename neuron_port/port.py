@@ -54,9 +54,11 @@ class Port:
         kv_heads: dict[int, int] | None = None,
         embeddings: HostEmbeddings | None = None,
         runners: tuple[dict[int, Runnable], dict[int, Runnable]] | None = None,
+        batch: int | None = None,
     ):
         """Build graphs over ``model``, or (``model=None``) use ``runners`` = (prefill by bucket,
-        decode by KV length) loaded from an artifact together with ``embeddings``."""
+        decode by KV length) loaded from an artifact together with ``embeddings``; ``batch``:
+        the rows such runners were compiled for (None: any)."""
         buckets = sorted(set(int(b) for b in prompt_buckets))
         kvs = sorted(set([int(kv_lens)] if isinstance(kv_lens, int) else [int(k) for k in kv_lens]))
         if not buckets or not kvs or buckets[-1] > kvs[-1] or buckets[0] < 1:
@@ -81,6 +83,9 @@ class Port:
         prefill, decode = runners if runners is not None else (self.prefill_graphs, self.decode_graphs)
         self.prefill_runners: dict[int, Runnable] = dict(prefill)
         self.decode_runners: dict[int, Runnable] = dict(decode)
+        # Rows the runners take: None while they are the eager graphs (any batch), the compiled
+        # batch once a static-shape backend compiled them (see check_batch).
+        self.batch: int | None = batch
         self._positions = torch.arange(buckets[-1])
         self._scratch: dict[tuple[int, int], DecodeScratch] = {}
 
@@ -96,12 +101,22 @@ class Port:
         return self.host_inputs_decode(torch.full((batch,), 3), pos, kv_len) + self.new_store(batch, kv_len)
 
     def compile(self, backend, batch: int = 1) -> None:
-        """Replace every runner with ``backend.compile(graph, example inputs, aliases)``."""
+        """Replace every runner with ``backend.compile(graph, example inputs, aliases)``.
+
+        Graphs compiled by a static-shape backend (``backend.static_batch``, true unless the
+        backend says otherwise) take exactly ``batch`` rows from then on."""
         for b, graph in self.prefill_graphs.items():
             self.prefill_runners[b] = backend.compile(graph, self.example_inputs_prefill(b, batch), graph.aliases)
         for kv, graph in self.decode_graphs.items():
             graph.inplace_kv_writes = bool(getattr(backend, "inplace_kv_writes", False))
             self.decode_runners[kv] = backend.compile(graph, self.example_inputs_decode(kv, batch), graph.aliases)
+        self.batch = batch if getattr(backend, "static_batch", True) else None
+
+    def check_batch(self, rows: int) -> None:
+        """Raise :class:`BucketError` when compiled runners cannot take ``rows`` rows."""
+        if self.batch is not None and rows != self.batch:
+            raise BucketError(f"the compiled graphs take batch {self.batch}, found {rows} prompts; pad the batch to "
+                              f"{self.batch} rows (the server's engine does) or compile with batch={rows}")
 
     @property
     def kv_len(self) -> int:

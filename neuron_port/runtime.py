@@ -154,6 +154,7 @@ class Generator:
             raise ValueError(f"{batch} prompts but {len(rows)} parameter sets")
         if batch == 0 or min(len(p) for p in prompts) < 1:
             raise ValueError("every prompt needs at least one token")
+        port.check_batch(batch)
         if any(p.stop_strings for p in rows) and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
         bucket = select_bucket(max(len(p) for p in prompts), port.buckets)
