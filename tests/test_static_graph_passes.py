@@ -21,6 +21,7 @@ from neuron_port.backends.static_graph_passes import (
     node_count,
     optimize_traced,
     pretranspose_wide_linears,
+    swap_few_row_transposed_products,
 )
 from neuron_port.errors import BucketError
 from neuron_port.models import build_model
@@ -106,6 +107,30 @@ def test_pretranspose_rule(out_features, in_features, rows):
     assert rewritten == int(out_features > in_features)
     with torch.no_grad():
         torch.testing.assert_close(frozen(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+class _Scores(nn.Module):
+    """A query group [b, h, m, d] against keys [b, h, n, d]: attention's score product."""
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(query, keys.transpose(2, 3)).view(query.shape[0], -1)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(rows=st.integers(1, 24), slots=st.integers(1, 40), dim=st.integers(1, 16))
+def test_few_row_products_swap_sides(rows, slots, dim):
+    torch.manual_seed(rows * 1000 + slots)
+    query, keys = torch.randn(1, 2, rows, dim), torch.randn(1, 2, slots, dim)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
+        traced = torch.jit.trace(_Scores(), (query, keys), check_trace=False)
+    graph = traced.graph
+    torch._C._jit_pass_inline(graph)
+    fold_static_sizes(graph)
+    swapped = swap_few_row_transposed_products(graph)
+    assert swapped == int(rows <= 16 < slots)  # few query rows, many key rows
+    with torch.no_grad():
+        torch.testing.assert_close(traced(query, keys), _Scores()(query, keys), rtol=1e-5, atol=1e-5)
 
 
 @pytest.fixture(scope="module")

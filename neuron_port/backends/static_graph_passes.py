@@ -9,10 +9,14 @@ runs a graph with the shapes it was traced with (a prompt bucket or a KV length,
 compiled batch: :attr:`neuron_port.port.Port.batch` refuses any other), so those sizes are
 constants.
 
-And a one-row activation times a weight stored ``[out, in]`` (``linear``, an ``NT`` product)
-reads the weight at about half the rate of the same product against the weight stored
-``[in, out]`` when ``out > in`` (MKL on this project's 2-core AMD EPYC; see
-``benchmarks/README.md``). Frozen weights are constants, so the transposed copy is made once.
+Two more rewrites serve the products of a decode step, where MKL leaves the second core idle
+or reads weights slowly (measured on this project's 2-core AMD EPYC; see ``benchmarks/README.md``):
+
+* a one-row activation times a weight stored ``[out, in]`` (``linear``, an ``NT`` product) reads
+  the weight at about half the rate of the same product against the weight stored ``[in, out]``
+  when ``out > in``; frozen weights are constants, so the transposed copy is made once;
+* a query group of 8 rows times the transposed keys runs on one core, while the keys times the
+  transposed query group (the same dot products) is split over both.
 
 Passes, in order (:func:`optimize_traced` runs them all):
 
@@ -20,11 +24,12 @@ Passes, in order (:func:`optimize_traced` runs them all):
    then constant propagation folds the arithmetic built on them;
 2. :func:`drop_noop_casts`: casts and ``contiguous`` calls whose input already has the output's
    dtype, sizes and strides return their input, so uses of the output read the input;
-3. ``torch.jit.freeze`` (weights become constants);
-4. :func:`pretranspose_wide_linears` on the frozen graph.
+3. :func:`swap_few_row_transposed_products`;
+4. ``torch.jit.freeze`` (weights become constants);
+5. :func:`pretranspose_wide_linears` on the frozen graph.
 
-The first three change no value (bit-identical outputs); the fourth changes the order of a dot
-product's sums inside MKL, so outputs agree to float rounding, not bit for bit.
+Passes 1 and 2 change no value (bit-identical outputs). Passes 3 and 5 change the order in which
+MKL sums a dot product, so outputs agree to float rounding, not bit for bit.
 """
 
 from __future__ import annotations
@@ -145,6 +150,45 @@ def pretranspose_wide_linears(graph: Graph) -> int:
     return rewritten
 
 
+FEW_ROWS = 16
+
+
+def swap_few_row_transposed_products(graph: Graph, few_rows: int = FEW_ROWS) -> int:
+    """``matmul(A, transpose(K, -2, -1))`` with ``A`` [..., m, d], ``m <= few_rows``, and ``K``
+    [..., n, d], ``n > m``, becomes ``transpose(matmul(K, transpose(A, -2, -1)), -2, -1)``
+    made contiguous: the same dot products, with the many rows on the side MKL splits over
+    threads (the query-key product of a decode step: m is a KV head's query group, n its slots).
+
+    Needs complete traced sizes on ``A`` and ``K``. Returns how many products were swapped."""
+    swapped = 0
+    for node in graph.findAllNodes("aten::matmul"):
+        a, b = list(node.inputs())
+        producer = b.node()
+        if producer.kind() != "aten::transpose":
+            continue
+        k = producer.inputsAt(0)
+        sa, sk = _complete_sizes(a), _complete_sizes(k)
+        if sa is None or sk is None or len(sa) < 2 or len(sa) != len(sk):
+            continue
+        dims = [d.toIValue() for d in list(producer.inputs())[1:]]
+        if not all(isinstance(d, int) for d in dims) or sorted(d % len(sk) for d in dims) != [len(sk) - 2, len(sk) - 1]:
+            continue
+        if not sa[-2] <= few_rows < sk[-2]:
+            continue
+        with graph.insert_point_guard(node):
+            minus1, minus2 = graph.insertConstant(-1), graph.insertConstant(-2)
+            a_t = graph.insertNode(graph.create("aten::transpose", [a, minus2, minus1]))
+            product = graph.insertNode(graph.create("aten::matmul", [k, a_t.output()]))
+            back = graph.insertNode(graph.create("aten::transpose", [product.output(), minus2, minus1]))
+            dense = graph.insertNode(graph.create("aten::contiguous", [back.output(), graph.insertConstant(0)]))
+        dense.output().setType(node.output().type())
+        node.output().replaceAllUsesWith(dense.output())
+        node.destroy()
+        swapped += 1
+    torch._C._jit_pass_dce(graph)
+    return swapped
+
+
 def optimize_traced(traced: torch.jit.ScriptModule) -> tuple[torch.jit.ScriptModule, dict[str, int]]:
     """Run every pass on a traced module (inlined first) and freeze it.
 
@@ -152,7 +196,8 @@ def optimize_traced(traced: torch.jit.ScriptModule) -> tuple[torch.jit.ScriptMod
     shapes."""
     graph = traced.graph
     torch._C._jit_pass_inline(graph)
-    counts = {"sizes_folded": fold_static_sizes(graph), "casts_dropped": drop_noop_casts(graph)}
+    counts = {"sizes_folded": fold_static_sizes(graph), "casts_dropped": drop_noop_casts(graph),
+              "products_swapped": swap_few_row_transposed_products(graph)}
     frozen = torch.jit.freeze(traced.eval())
     counts["linears_pretransposed"] = pretranspose_wide_linears(frozen.graph)
     return frozen, counts
@@ -163,4 +208,5 @@ def node_count(graph: Graph) -> int:
     return sum(1 + sum(node_count(block) for block in node.blocks()) for node in graph.nodes())
 
 
-__all__ = ["fold_static_sizes", "drop_noop_casts", "pretranspose_wide_linears", "optimize_traced", "node_count"]
+__all__ = ["fold_static_sizes", "drop_noop_casts", "swap_few_row_transposed_products", "pretranspose_wide_linears",
+           "optimize_traced", "node_count", "FEW_ROWS"]
