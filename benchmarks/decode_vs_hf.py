@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from neuron_port import describe, load_config
+from neuron_port import describe
 from neuron_port.backends import get_backend
 from neuron_port.configs import load_config_dict, tiny_config_dict
 from neuron_port.families import family_for

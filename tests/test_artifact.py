@@ -50,6 +50,9 @@ def test_loaded_artifact_equals_the_in_process_port(e2b_artifact):
     eager = greedy_generate(Port(model, describe(model), [32], [64]), [prompt], 20).tokens
     loaded = load_port(e2b_artifact)
     assert all(isinstance(r, torch.jit.ScriptModule) for r in loaded.decode_runners.values())
+    # the saved graphs are the ones the static-shape passes rewrote, and they keep their batch
+    assert not any(n.kind() == "aten::size" for r in loaded.decode_runners.values() for n in r.graph.nodes())
+    assert loaded.batch == 1
     assert greedy_generate(loaded, [prompt], 20).tokens == eager
     res = run_cli_process("generate", str(e2b_artifact), "--max-new-tokens", "40", "--check", "--json")
     assert res.returncode == 0, res.stderr
