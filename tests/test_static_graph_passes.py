@@ -159,6 +159,20 @@ def test_port_with_passes_matches_the_eager_port_and_the_plain_trace(e2b_ports):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
+def _matrix_constants(runner) -> set[int]:
+    values = (n.output().toIValue() for n in runner.graph.nodes() if n.kind() == "prim::Constant")
+    return {v.data_ptr() for v in values if isinstance(v, torch.Tensor) and v.dim() == 2}
+
+
+def test_graphs_of_one_port_share_each_transposed_weight(e2b_ports):
+    _, ports, backends = e2b_ports
+    port = ports["passes"]
+    prefill, decode = _matrix_constants(port.prefill_runners[32]), _matrix_constants(port.decode_runners[64])
+    transposed = {copy.data_ptr() for _, copy in backends["passes"]._transposed.values()}
+    assert transposed and transposed <= prefill and transposed <= decode
+    assert prefill == decode  # every weight matrix is one tensor both graphs read
+
+
 def test_compiled_port_takes_only_its_batch(e2b_ports):
     model, ports, _ = e2b_ports
     port = ports["passes"]

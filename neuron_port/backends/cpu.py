@@ -33,6 +33,8 @@ class CpuBackend:
         self.static_batch = mode == "jit"
         # Nodes each pass changed, summed over the graphs this backend compiled.
         self.pass_counts: dict[str, int] = {}
+        # Transposed weight copies, shared by every graph this backend freezes from one model.
+        self._transposed: dict = {}
         # Traced decode graphs write the new token's K/V in place (scatter) rather than
         # re-writing every buffer with a one-hot blend: on a CPU the blend is a full pass over
         # the KV store per step. Eager mode keeps the device graphs' exact ops.
@@ -48,7 +50,7 @@ class CpuBackend:
             if not self.passes:
                 # Freezing inlines the weights as constants: no attribute lookups per op at run time.
                 return torch.jit.freeze(traced.eval())
-            frozen, counts = optimize_traced(traced)
+            frozen, counts = optimize_traced(traced, self._transposed)
             for name, count in counts.items():
                 self.pass_counts[name] = self.pass_counts.get(name, 0) + count
             return frozen

@@ -52,9 +52,17 @@ def _complete_sizes(value) -> list[int] | None:
     return [int(s) for s in sizes]
 
 
+# Ops whose output shape depends on input values: a graph holding one keeps all its sizes.
+DATA_DEPENDENT_SHAPES = ("aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique2", "aten::unique_consecutive",
+                         "aten::unique_dim", "aten::nonzero_static", "aten::repeat_interleave")
+
+
 def fold_static_sizes(graph: Graph) -> int:
     """Replace ``aten::size(x, dim)`` and ``aten::size(x)`` by constants where ``x`` has complete
-    traced sizes, then propagate constants and drop dead nodes. Returns how many were folded."""
+    traced sizes, then propagate constants and drop dead nodes. Returns how many were folded
+    (none in a graph with an op of :data:`DATA_DEPENDENT_SHAPES`)."""
+    if any(graph.findAllNodes(kind) for kind in DATA_DEPENDENT_SHAPES):
+        return 0  # a size downstream of these depends on the values, not only on the input shapes
     folded = 0
     for node in graph.findAllNodes("aten::size"):
         inputs = list(node.inputs())
@@ -119,12 +127,35 @@ def drop_noop_casts(graph: Graph) -> int:
     return dropped
 
 
-def pretranspose_wide_linears(graph: Graph) -> int:
+# {(data_ptr, shape, stride, dtype): (the weight, its transposed copy)}. Holding the weight keeps
+# its address from being reused by another tensor while the entry exists.
+TransposedCache = dict
+
+
+def _transposed(weight: torch.Tensor, cache: TransposedCache | None) -> torch.Tensor:
+    """``weight.t().contiguous()``, shared through ``cache`` by every graph frozen from the same
+    parameter (one prefill graph per bucket and one decode graph per KV length read the same
+    weights: without sharing, each would hold its own transposed copy). A frozen graph's
+    constant is a new Python object on every read, so the cache matches on the memory it views."""
+    if cache is None:
+        return weight.t().contiguous()
+    key = (weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.dtype)
+    hit = cache.get(key)
+    if hit is not None:
+        return hit[1]
+    copy = weight.t().contiguous()
+    cache[key] = (weight, copy)
+    return copy
+
+
+def pretranspose_wide_linears(graph: Graph, cache: TransposedCache | None = None) -> int:
     """``aten::linear(x, W, None)`` with a constant ``W`` [out, in], ``out > in``, becomes
     ``aten::matmul(x, W_t)`` with the constant ``W_t = W.t().contiguous()`` [in, out].
 
     Linears with a bias keep their form, and so does a weight that anything besides such
-    linears reads (no second copy of it is kept). Returns how many linears were rewritten."""
+    linears reads (no second copy of it is kept). ``cache`` (an empty dict to start, then passed
+    to every graph of one model) makes graphs frozen from the same parameters share each
+    transposed copy. Returns how many linears were rewritten."""
     by_weight: dict[int, list] = {}
     for node in graph.findAllNodes("aten::linear"):
         x, weight, bias = list(node.inputs())
@@ -138,7 +169,7 @@ def pretranspose_wide_linears(graph: Graph) -> int:
         if len(weight.uses()) != len(nodes):
             continue
         with graph.insert_point_guard(weight.node()):
-            transposed = graph.insertConstant(weight.toIValue().t().contiguous())
+            transposed = graph.insertConstant(_transposed(weight.toIValue(), cache))
         for node in nodes:
             with graph.insert_point_guard(node):
                 product = graph.insertNode(graph.create("aten::matmul", [node.inputsAt(0), transposed]))
@@ -189,8 +220,10 @@ def swap_few_row_transposed_products(graph: Graph, few_rows: int = FEW_ROWS) -> 
     return swapped
 
 
-def optimize_traced(traced: torch.jit.ScriptModule) -> tuple[torch.jit.ScriptModule, dict[str, int]]:
-    """Run every pass on a traced module (inlined first) and freeze it.
+def optimize_traced(traced: torch.jit.ScriptModule, cache: TransposedCache | None = None
+                    ) -> tuple[torch.jit.ScriptModule, dict[str, int]]:
+    """Run every pass on a traced module (inlined first) and freeze it; ``cache``: see
+    :func:`pretranspose_wide_linears`.
 
     Returns (frozen module, {pass name: nodes changed}). Call the result only with the traced
     shapes."""
@@ -199,7 +232,7 @@ def optimize_traced(traced: torch.jit.ScriptModule) -> tuple[torch.jit.ScriptMod
     counts = {"sizes_folded": fold_static_sizes(graph), "casts_dropped": drop_noop_casts(graph),
               "products_swapped": swap_few_row_transposed_products(graph)}
     frozen = torch.jit.freeze(traced.eval())
-    counts["linears_pretransposed"] = pretranspose_wide_linears(frozen.graph)
+    counts["linears_pretransposed"] = pretranspose_wide_linears(frozen.graph, cache)
     return frozen, counts
 
 
