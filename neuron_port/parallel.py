@@ -119,6 +119,14 @@ def _gloo_entry(rank: int, tp: int, init: str, fn: RankFn, out_dir: str, threads
     except BaseException:
         (Path(out_dir) / f"rank{rank}.error").write_text(traceback.format_exc())
         raise
+    else:
+        # Leave together: a rank that tears its group down while a peer is still inside gloo
+        # can make the peer's gloo thread abort the process (seen once: rank 0 died with
+        # SIGABRT, "terminate called without an active exception", after both had generated).
+        try:
+            dist.barrier()
+        except Exception:  # a peer failed; its own error file says why
+            pass
     finally:
         dist.destroy_process_group()
 
