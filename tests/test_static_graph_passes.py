@@ -48,10 +48,10 @@ class _Block(nn.Module):
         return y + self.shared(x)[..., : x.shape[-1]] + torch.matmul(self.wide(x), self.shared.weight)
 
 
-def _trace(module: nn.Module, example: torch.Tensor) -> torch.jit.ScriptModule:
+def _trace(module: nn.Module, *examples: torch.Tensor) -> torch.jit.ScriptModule:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
-        return torch.jit.trace(module.eval(), (example,), check_trace=False)
+        return torch.jit.trace(module.eval(), examples, check_trace=False)
 
 
 def _kinds(graph) -> list[str]:
@@ -121,9 +121,7 @@ class _Scores(nn.Module):
 def test_few_row_products_swap_sides(rows, slots, dim):
     torch.manual_seed(rows * 1000 + slots)
     query, keys = torch.randn(1, 2, rows, dim), torch.randn(1, 2, slots, dim)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
-        traced = torch.jit.trace(_Scores(), (query, keys), check_trace=False)
+    traced = _trace(_Scores(), query, keys)
     graph = traced.graph
     torch._C._jit_pass_inline(graph)
     fold_static_sizes(graph)

@@ -4,8 +4,9 @@ Tracing was chosen over ``torch.export`` and ``torch.compile`` because the trace
 graph removes the Hugging Face forward's Python overhead, saves and loads with ``torch.jit.save`` /
 ``torch.jit.load`` exactly like the Neuron backend's artifacts, and carries the TP all-reduce
 as a custom op. With ``passes=True`` (the default) the traced graph also goes through
-:mod:`neuron_port.backends.static_graph_passes` (constant sizes, no-op casts dropped, wide
-weights pre-transposed); such a graph runs only with the shapes it was traced with.
+:mod:`neuron_port.backends.static_graph_passes` (constant sizes, no-op casts dropped, few-row
+query-key products swapped, wide weights pre-transposed); such a graph runs only with the shapes
+it was traced with.
 ``benchmarks/cpu_backend.py`` measures eager, traced and traced-with-passes against each other.
 """
 

@@ -57,6 +57,12 @@ DATA_DEPENDENT_SHAPES = ("aten::nonzero", "aten::masked_select", "aten::unique",
                          "aten::unique_dim", "aten::nonzero_static", "aten::repeat_interleave")
 
 
+def _replace(node, value) -> None:
+    """Point every use of ``node``'s output at ``value`` and delete ``node``."""
+    node.output().replaceAllUsesWith(value)
+    node.destroy()
+
+
 def fold_static_sizes(graph: Graph) -> int:
     """Replace ``aten::size(x, dim)`` and ``aten::size(x)`` by constants where ``x`` has complete
     traced sizes, then propagate constants and drop dead nodes. Returns how many were folded
@@ -78,8 +84,7 @@ def fold_static_sizes(graph: Graph) -> int:
             value = sizes[dim]
         with graph.insert_point_guard(node):
             constant = graph.insertConstant(value)
-        node.output().replaceAllUsesWith(constant)
-        node.destroy()
+        _replace(node, constant)
         folded += 1
     torch._C._jit_pass_constant_propagation(graph)
     torch._C._jit_pass_dce(graph)
@@ -121,8 +126,7 @@ def drop_noop_casts(graph: Graph) -> int:
             source = _noop_source(node)
             if source is None:
                 continue
-            node.output().replaceAllUsesWith(source)
-            node.destroy()
+            _replace(node, source)
             dropped += 1
     return dropped
 
@@ -174,8 +178,7 @@ def pretranspose_wide_linears(graph: Graph, cache: TransposedCache | None = None
             with graph.insert_point_guard(node):
                 product = graph.insertNode(graph.create("aten::matmul", [node.inputsAt(0), transposed]))
             product.output().setType(node.output().type())
-            node.output().replaceAllUsesWith(product.output())
-            node.destroy()
+            _replace(node, product.output())
             rewritten += 1
     torch._C._jit_pass_dce(graph)
     return rewritten
@@ -213,8 +216,7 @@ def swap_few_row_transposed_products(graph: Graph, few_rows: int = FEW_ROWS) -> 
             back = graph.insertNode(graph.create("aten::transpose", [product.output(), minus2, minus1]))
             dense = graph.insertNode(graph.create("aten::contiguous", [back.output(), graph.insertConstant(0)]))
         dense.output().setType(node.output().type())
-        node.output().replaceAllUsesWith(dense.output())
-        node.destroy()
+        _replace(node, dense.output())
         swapped += 1
     torch._C._jit_pass_dce(graph)
     return swapped
