@@ -3,12 +3,13 @@
 Registered with Hugging Face's attention interface as ``neuron_port_eager``. It is plain
 matmul / mask / softmax / matmul (no fused kernel, which overflows the Neuron compiler's SBUF
 for long sliding windows). When a tensor-parallel rank's query heads do not map uniformly
-onto its KV heads, the attention module carries a constant one-hot matrix ``np_kv_expand``
-``[local_q, local_kv]`` and K/V are expanded by a matmul with it — a static, trace-safe gather.
-Otherwise each KV head serves its ``local_q / local_kv`` query heads (read from the tensor
-shapes) in Hugging Face's ``repeat_kv`` order, without materialising the repeated K/V. Nothing
-here reads a module attribute of a particular family, so every family's attention modules can
-call it.
+onto its KV heads, the graph passes the one-hot matrix ``[local_q, local_kv]`` of each such
+attention module explicitly, as the keyword argument ``KV_EXPAND`` (a mapping from the module
+to its matrix; Hugging Face hands a model's extra keyword arguments down to this function), and
+K/V are expanded by a matmul with it: a static, trace-safe gather. Otherwise each KV head serves
+its ``local_q / local_kv`` query heads (read from the tensor shapes) in Hugging Face's
+``repeat_kv`` order, without materialising the repeated K/V. Nothing here reads a module
+attribute of a particular family, so every family's attention modules can call it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import torch
 from torch import nn
 
 NAME = "neuron_port_eager"
+KV_EXPAND = "neuron_port_kv_expand"
+"""Keyword argument carrying ``{attention module: [local_q, local_kv] one-hot}`` for straddling ranks."""
 
 
 def expand_kv(states: torch.Tensor, expand: torch.Tensor) -> torch.Tensor:
@@ -48,12 +51,12 @@ def static_attention(
                          "passes the masks in a form this text model does not use")
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    expand = getattr(module, "np_kv_expand", None)
+    expand = (kwargs.get(KV_EXPAND) or {}).get(module)
     if expand is not None:
         key, value = expand_kv(key, expand), expand_kv(value, expand)
     elif query.shape[1] % key.shape[1]:
         raise ValueError(f"{query.shape[1]} query heads do not divide evenly over {key.shape[1]} KV heads "
-                         "and the module carries no np_kv_expand gather")
+                         f"and no {KV_EXPAND} gather was passed for this attention module")
     return _grouped_attention(query, key, value, attention_mask, scaling, softcap)
 
 
@@ -84,4 +87,4 @@ def register() -> str:
     return NAME
 
 
-__all__ = ["NAME", "static_attention", "expand_kv", "register"]
+__all__ = ["NAME", "KV_EXPAND", "static_attention", "expand_kv", "register"]

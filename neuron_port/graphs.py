@@ -10,23 +10,17 @@ per-layer inputs, per-type RoPE and head sizes come for free) with three substit
 * no embedding tables and no softcap: embeddings come in as activations and the graph ends
   at raw logits of the LM head for each row's last real token.
 
-Inputs, in order (``INPUT_NAMES``)::
-
-    inputs_embeds   [batch, seq, hidden]
-    per_layer       [batch, seq, layers, per_layer]   (per_layer = 0 without PLE)
-    position_ids    [batch, seq]
-    mask_full       [batch, 1, seq, kv_len or seq]
-    mask_sliding    [batch, 1, seq, ring or seq]
-    write_full      [batch, seq, kv_len]
-    write_sliding   [batch, seq, ring or kv_len]
-    last_onehot     [batch, seq]
-    *kv             K of every owner, then V of every owner  [batch, n_kv, slots, head_dim]
-
-Outputs: ``(logits [batch, vocab], *kv)``; input ``8 + j`` aliases output ``1 + j``.
-``seq`` is the prompt bucket for prefill and 1 for decode.
+Inputs: the fields of :class:`~neuron_port.step.StepInputs` in order, then the store flat (K of
+every owner, then V of every owner, each ``[batch, n_kv, slots, head_dim]``). Outputs:
+``(logits [batch, vocab], *store)``; :attr:`StaticLMGraph.aliases` maps each KV input to its
+output. :func:`build_graphs` builds one rank's set: a prefill graph per prompt bucket and a
+decode graph per KV length.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
 
 import torch
 from torch import nn
@@ -35,18 +29,12 @@ from neuron_port import attention
 from neuron_port.families import family_of
 from neuron_port.kvcache import KVStoreSpec, onehot_write, scatter_write_
 from neuron_port.models import force_eager
+from neuron_port.shapes import StoreShapes
+from neuron_port.step import INPUT_NAMES, kv_aliases
 
-INPUT_NAMES = (
-    "inputs_embeds",
-    "per_layer",
-    "position_ids",
-    "mask_full",
-    "mask_sliding",
-    "write_full",
-    "write_sliding",
-    "last_onehot",
-)
 FIRST_KV_INPUT = len(INPUT_NAMES)
+"""Deprecated (kept for one release): index of the first KV input. Use :class:`~neuron_port.step.StepInputs`
+and :class:`~neuron_port.kvcache.KVStore` instead of positional indices."""
 
 
 class OneHotCache:
@@ -91,9 +79,13 @@ class StaticLMGraph(nn.Module):
 
     The wrapped model is switched to the ``neuron_port_eager`` attention function; give the
     graph its own model instance (the CPU reference keeps Hugging Face's eager path).
+    ``kv_expand``: layer index -> ``[local_q, local_kv]`` one-hot gather for the layers where a
+    tensor-parallel rank's query heads straddle KV groups (from its shard plan); kept as buffers
+    of the graph and handed to the attention function explicitly on every call.
     """
 
-    def __init__(self, model: nn.Module, spec: KVStoreSpec, prefill: bool, seq: int):
+    def __init__(self, model: nn.Module, spec: KVStoreSpec, prefill: bool, seq: int,
+                 kv_expand: Mapping[int, torch.Tensor] | None = None):
         super().__init__()
         self.family = family_of(model)
         force_eager(model.config, attention.register())
@@ -105,11 +97,22 @@ class StaticLMGraph(nn.Module):
         # Decode KV writes in place (scatter) instead of one-hot blends: set by backends that
         # allow it (CPU), never for Neuron graphs.
         self.inplace_kv_writes = False
+        layers = self.family.decoder_layers(model)
+        self._expanded: list[tuple[nn.Module, str]] = []
+        for index, matrix in sorted((kv_expand or {}).items()):
+            name = f"kv_expand_{index}"
+            self.register_buffer(name, matrix.detach().clone(), persistent=False)
+            self._expanded.append((self.family.attention(layers[index]), name))
 
     @property
     def aliases(self) -> dict[int, int]:
         """Input index -> output index of every KV tensor (for a device-resident store)."""
-        return {FIRST_KV_INPUT + j: 1 + j for j in range(2 * len(self.spec.slots))}
+        return kv_aliases(2 * len(self.spec.slots))
+
+    def _attention_kwargs(self) -> dict[str, dict[nn.Module, torch.Tensor]]:
+        if not self._expanded:
+            return {}
+        return {attention.KV_EXPAND: {module: getattr(self, name) for module, name in self._expanded}}
 
     def forward(
         self,
@@ -133,6 +136,7 @@ class StaticLMGraph(nn.Module):
             cache=cache,
             use_cache=True,
             **extra,
+            **self._attention_kwargs(),
         )
         hidden = out.last_hidden_state  # [batch, seq, hidden]
         last = torch.einsum("bs,bsh->bh", last_onehot.to(hidden.dtype), hidden)
@@ -143,15 +147,35 @@ class StaticLMGraph(nn.Module):
 class PrefillGraph(StaticLMGraph):
     """Prefill over a right-padded prompt bucket of ``bucket`` tokens."""
 
-    def __init__(self, model: nn.Module, spec: KVStoreSpec, bucket: int):
-        super().__init__(model, spec, prefill=True, seq=bucket)
+    def __init__(self, model: nn.Module, spec: KVStoreSpec, bucket: int, kv_expand: Mapping[int, torch.Tensor] | None = None):
+        super().__init__(model, spec, prefill=True, seq=bucket, kv_expand=kv_expand)
 
 
 class DecodeGraph(StaticLMGraph):
     """Decode of one token per row against the store."""
 
-    def __init__(self, model: nn.Module, spec: KVStoreSpec):
-        super().__init__(model, spec, prefill=False, seq=1)
+    def __init__(self, model: nn.Module, spec: KVStoreSpec, kv_expand: Mapping[int, torch.Tensor] | None = None):
+        super().__init__(model, spec, prefill=False, seq=1, kv_expand=kv_expand)
 
 
-__all__ = ["INPUT_NAMES", "FIRST_KV_INPUT", "OneHotCache", "StaticLMGraph", "PrefillGraph", "DecodeGraph"]
+@dataclass
+class GraphSet:
+    """One rank's graphs: a prefill graph per prompt bucket, a decode graph per KV length."""
+
+    prefill: dict[int, PrefillGraph]
+    decode: dict[int, DecodeGraph]
+
+
+def build_graphs(model: nn.Module, stores: StoreShapes, kv_expand: Mapping[int, torch.Tensor] | None = None) -> GraphSet:
+    """The graphs over ``model`` (one rank's shard, or the whole model at tp 1) for ``stores``.
+
+    The graphs share ``model``, which is switched to the library's attention function: pass a
+    copy where the original must stay Hugging Face's reference.
+    """
+    prefill = {b: PrefillGraph(model, stores.specs[stores.prefill_kv[b]], b, kv_expand) for b in stores.buckets}
+    decode = {kv: DecodeGraph(model, stores.specs[kv], kv_expand) for kv in stores.kv_lens}
+    return GraphSet(prefill, decode)
+
+
+__all__ = ["INPUT_NAMES", "FIRST_KV_INPUT", "OneHotCache", "StaticLMGraph", "PrefillGraph", "DecodeGraph",
+           "GraphSet", "build_graphs"]

@@ -12,6 +12,7 @@ Buffers are ``[batch, n_kv, slots, head_dim]``; one K and one V buffer per owner
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -60,6 +61,47 @@ class KVStoreSpec:
         ks = [torch.zeros(s.shape(batch), dtype=dtype) for s in self.slots]
         vs = [torch.zeros(s.shape(batch), dtype=dtype) for s in self.slots]
         return ks + vs
+
+
+@dataclass(frozen=True)
+class KVStore:
+    """The KV tensors of one store, typed: ``keys[j]`` and ``values[j]`` belong to ``spec.slots[j]``.
+
+    Each tensor is ``[batch, n_kv, slots, head_dim]``. The graphs take and return the store flat
+    (every K, then every V): :meth:`tensors` and :meth:`from_tensors` are the only places that
+    know that order.
+    """
+
+    spec: KVStoreSpec
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+
+    @classmethod
+    def zeros(cls, spec: KVStoreSpec, batch: int, dtype: torch.dtype = torch.float32) -> "KVStore":
+        return cls.from_tensors(spec, spec.allocate(batch, dtype))
+
+    @classmethod
+    def from_tensors(cls, spec: KVStoreSpec, tensors: Sequence[torch.Tensor]) -> "KVStore":
+        """A store from its flat form (every K, then every V)."""
+        n = len(spec.slots)
+        if len(tensors) != 2 * n:
+            raise ValueError(f"a store of {n} owner layers has {2 * n} tensors, found {len(tensors)}")
+        return cls(spec, tuple(tensors[:n]), tuple(tensors[n:]))
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The flat form the graphs take and return: K of every owner, then V of every owner."""
+        return [*self.keys, *self.values]
+
+    def __iter__(self):
+        """Iterates the flat form (so ``graph(*inputs, *store)`` reads as the call it is)."""
+        return iter(self.tensors())
+
+    def grow(self, new: KVStoreSpec, last_position: torch.Tensor) -> "KVStore":
+        """This store copied into the larger ``new`` spec (see :func:`grow`)."""
+        return KVStore.from_tensors(new, grow(self.tensors(), self.spec, new, last_position))
+
+    def to(self, device: torch.device | str) -> "KVStore":
+        return KVStore(self.spec, tuple(k.to(device) for k in self.keys), tuple(v.to(device) for v in self.values))
 
 
 def kv_store_spec(
@@ -160,4 +202,4 @@ def grow(
     return out
 
 
-__all__ = ["KVSlotSpec", "KVStoreSpec", "kv_store_spec", "naive_kv_bytes", "onehot_write", "scatter_write_", "grow"]
+__all__ = ["KVSlotSpec", "KVStoreSpec", "KVStore", "kv_store_spec", "naive_kv_bytes", "onehot_write", "scatter_write_", "grow"]

@@ -34,6 +34,11 @@ Reduce = Callable[[torch.Tensor], torch.Tensor]
 RankFn = Callable[[int, Reduce], Any]
 
 
+def identity_reduce(x: torch.Tensor) -> torch.Tensor:
+    """The reduce of a single rank: nothing to sum with."""
+    return x
+
+
 def is_tp_child() -> bool:
     return os.environ.get(CHILD_ENV) == "1"
 
@@ -67,7 +72,7 @@ class _ThreadSum:
 def run_in_process(fn: RankFn, tp: int) -> list[Any]:
     """Run ``fn(rank, reduce)`` for every rank as threads; results in rank order."""
     if tp == 1:
-        return [fn(0, lambda x: x)]
+        return [fn(0, identity_reduce)]
     group = _ThreadSum(tp)
     results: list[Any] = [None] * tp
     errors: list[BaseException | None] = [None] * tp
@@ -178,4 +183,4 @@ def _rank_failure(out_dir: str, tp: int, fallback: str) -> str:
     return fallback
 
 
-__all__ = ["CHILD_ENV", "is_tp_child", "run_in_process", "run_gloo", "free_port"]
+__all__ = ["Reduce", "identity_reduce", "CHILD_ENV", "is_tp_child", "run_in_process", "run_gloo", "free_port"]

@@ -1,48 +1,42 @@
-"""A two-graph port assembled from the primitives.
+"""A two-graph port of one rank: host inputs, runners, KV store shapes.
 
-``Port`` owns the host embeddings, one prefill graph per prompt bucket, one decode graph per
-KV length, and the KV store spec of each KV length. ``host_inputs_*`` build every host-side
-tensor a graph step needs (masks, one-hot writes, positions, embeddings) from index tensors
-prepared once. Generation loops live in :mod:`neuron_port.runtime`; :func:`greedy_generate`
-is the greedy shortcut over them.
+``Port`` holds one rank's :class:`~neuron_port.shapes.StoreShapes`, its
+:class:`~neuron_port.host_inputs.HostInputs` (embeddings, masks, one-hot writes) and its
+:class:`~neuron_port.runners.Runners` (the graphs, eager or compiled). The generation
+loop over it lives in :mod:`neuron_port.runtime`.
 
-Bucket rules: a prompt goes to the first prompt bucket that holds it; the bucket's prefill
-writes into the smallest KV length that holds the bucket; decoding moves to the next KV
-length (copying the store) when a row outgrows it, or stops that row with ``length``.
+Ways to make one:
+
+* ``Port(model, layout, buckets, kv_lens)`` — graphs over an unsharded model (tp 1);
+* :meth:`Port.for_rank` — graphs over one tensor-parallel rank's shard, its local KV heads and
+  KV-head gathers taken from the rank's shard plan;
+* :meth:`Port.from_runners` — compiled runners loaded from an artifact, no model at all.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
 from torch import nn
 
-from neuron_port import masks
 from neuron_port.embedding import HostEmbeddings
 from neuron_port.errors import BucketError
-from neuron_port.graphs import DecodeGraph, PrefillGraph
-from neuron_port.kvcache import KVStoreSpec, grow, kv_store_spec
+from neuron_port.graphs import DecodeGraph, GraphSet, build_graphs
+from neuron_port.host_inputs import HostInputs
+from neuron_port.kvcache import KVStore, KVStoreSpec
 from neuron_port.layout import Layout
-from neuron_port.scratch import DecodeScratch
+from neuron_port.runners import Runners, compile_graphs, eager_runners
+from neuron_port.runtime import GreedyResult, greedy_generate
+from neuron_port.shapes import PortShape, StoreShapes, select_bucket
+from neuron_port.step import Runnable, StepInputs
 
-Runnable = Callable[..., Sequence[torch.Tensor]]
-
-
-def select_bucket(length: int, buckets: Sequence[int]) -> int:
-    """First bucket that holds ``length`` tokens; a clear error when none does."""
-    for bucket in sorted(buckets):
-        if length <= bucket:
-            return bucket
-    raise BucketError(
-        f"prompt of {length} tokens is longer than the largest prompt bucket ({max(buckets)}); "
-        f"use a shorter prompt or build the port with a larger bucket"
-    )
+if TYPE_CHECKING:
+    from neuron_port.ranks import Rank
 
 
 class Port:
-    """Host embeddings + static graphs + KV store specs for one model (one TP rank)."""
+    """Host inputs + runners + KV store shapes for one model (one TP rank)."""
 
     def __init__(
         self,
@@ -55,62 +49,78 @@ class Port:
         embeddings: HostEmbeddings | None = None,
         runners: tuple[dict[int, Runnable], dict[int, Runnable]] | None = None,
         batch: int | None = None,
+        kv_expand: Mapping[int, torch.Tensor] | None = None,
     ):
         """Build graphs over ``model``, or (``model=None``) use ``runners`` = (prefill by bucket,
-        decode by KV length) loaded from an artifact together with ``embeddings``; ``batch``:
-        the rows such runners were compiled for (None: any)."""
-        buckets = sorted(set(int(b) for b in prompt_buckets))
-        kvs = sorted(set([int(kv_lens)] if isinstance(kv_lens, int) else [int(k) for k in kv_lens]))
-        if not buckets or not kvs or buckets[-1] > kvs[-1] or buckets[0] < 1:
-            raise BucketError(f"prompt buckets {buckets} must be positive and at most the largest KV length {kvs}")
+        decode by KV length) together with ``embeddings``; ``batch``: the rows such runners were
+        compiled for (None: any). ``kv_heads`` and ``kv_expand`` describe a tensor-parallel
+        shard (see :meth:`for_rank`, which fills them from the rank's plan)."""
         if model is None and (runners is None or embeddings is None):
             raise ValueError("a Port without a model needs both runners and embeddings")
-        self.layout = layout
-        self.buckets = buckets
-        self.kv_lens = kvs
-        self.specs: dict[int, KVStoreSpec] = {kv: kv_store_spec(layout, kv, ring_buffers, kv_heads) for kv in kvs}
-        self.rings = {kv: (layout.sliding_window if any(s.ring for s in spec.slots) else None)
-                      for kv, spec in self.specs.items()}
-        self.prefill_kv = {b: next(kv for kv in kvs if kv >= b) for b in buckets}
-        self.embeddings = embeddings or HostEmbeddings.from_model(model)
-        self.dtype = self.embeddings.word.dtype
-        if model is not None:
-            self.prefill_graphs = {b: PrefillGraph(model, self.specs[self.prefill_kv[b]], b) for b in buckets}
-            self.decode_graphs = {kv: DecodeGraph(model, self.specs[kv]) for kv in kvs}
+        stores = PortShape(prompt_buckets, kv_lens, ring_buffers).stores(layout, kv_heads)
+        graphs = build_graphs(model, stores, kv_expand) if model is not None else None
+        if runners is not None:
+            ready = Runners(dict(runners[0]), dict(runners[1]), batch)
         else:
-            self.prefill_graphs, self.decode_graphs = {}, {}
-        # What actually runs; a backend replaces these with compiled runnables.
-        prefill, decode = runners if runners is not None else (self.prefill_graphs, self.decode_graphs)
-        self.prefill_runners: dict[int, Runnable] = dict(prefill)
-        self.decode_runners: dict[int, Runnable] = dict(decode)
-        # Rows the runners take: None while they are the eager graphs (any batch), the compiled
-        # batch once a static-shape backend compiled them (see check_batch).
-        self.batch: int | None = batch
-        self._positions = torch.arange(buckets[-1])
-        self._scratch: dict[tuple[int, int], DecodeScratch] = {}
+            ready = eager_runners(graphs)
+        self._assemble(layout, stores, embeddings or HostEmbeddings.from_model(model), ready, graphs)
+
+    def _assemble(self, layout: Layout, stores: StoreShapes, embeddings: HostEmbeddings, runners: Runners,
+                  graphs: GraphSet | None) -> None:
+        self.layout = layout
+        self.stores = stores
+        self.embeddings = embeddings
+        self.dtype = embeddings.word.dtype
+        self.inputs = HostInputs(layout, stores, embeddings)
+        self.runners = runners
+        self.graphs = graphs
+
+    @classmethod
+    def for_rank(cls, rank: "Rank", shape: PortShape) -> "Port":
+        """Graphs over a rank's shard, with its local KV-head counts and KV-head gathers."""
+        if rank.model is None:
+            raise ValueError(f"rank {rank.rank} has no model to build graphs over (an artifact rank: use from_runners)")
+        return cls(rank.model, rank.layout, shape.buckets, shape.kv_lens, shape.ring_buffers,
+                   kv_heads=rank.local_kv_heads, kv_expand=rank.kv_expand)
+
+    @classmethod
+    def from_runners(cls, layout: Layout, stores: StoreShapes, embeddings: HostEmbeddings, runners: Runners) -> "Port":
+        """A port over runners loaded from an artifact (no model, no Hugging Face forward)."""
+        port = cls.__new__(cls)
+        port._assemble(layout, stores, embeddings, runners, None)
+        return port
+
+    # ---- compiling ---------------------------------------------------------------------------
+    def compile(self, backend, batch: int = 1, desc: str = "compiling") -> None:
+        """Replace every runner with the backend's compiled graph (:func:`runners.compile_graphs`).
+
+        Graphs compiled by a static-shape backend take exactly ``batch`` rows from then on."""
+        if self.graphs is None:
+            raise ValueError("this port was loaded from compiled runners; there are no graphs left to compile")
+        self.runners = compile_graphs(self.graphs, backend, self.example_inputs, batch, desc)
+
+    def release_graphs(self) -> None:
+        """Drop the graphs (and with them the model they run) once compiled runners replace them:
+        a slim host keeps only the runners and the embeddings."""
+        if self.batch is None:
+            raise ValueError("the runners are still the eager graphs; compile before releasing them")
+        self.graphs = None
+
+    def example_inputs(self, kind: str, size: int, batch: int = 1) -> tuple[StepInputs, KVStore]:
+        """Inputs and a store of the right shapes for tracing the ``kind`` graph of ``size``."""
+        if kind == "prefill":
+            return self.inputs.example_prefill(size, batch)
+        return self.inputs.example_decode(size, batch)
 
     def example_inputs_prefill(self, bucket: int, batch: int = 1) -> list[torch.Tensor]:
-        """Inputs of the right shapes (a full-bucket prompt) for tracing a prefill graph."""
-        ids = torch.arange(bucket)[None, :].expand(batch, bucket) % self.layout.vocab_size
-        inputs = self.host_inputs_prefill(ids.contiguous(), torch.full((batch,), bucket), bucket)
-        return inputs + self.new_store(batch, self.prefill_kv[bucket])
+        """Flat tracing inputs of a prefill graph (step inputs, then the store)."""
+        inputs, store = self.inputs.example_prefill(bucket, batch)
+        return [*inputs, *store]
 
     def example_inputs_decode(self, kv_len: int, batch: int = 1) -> list[torch.Tensor]:
-        """Inputs of the right shapes for tracing a decode graph."""
-        pos = torch.full((batch,), kv_len - 1)
-        return self.host_inputs_decode(torch.full((batch,), 3), pos, kv_len) + self.new_store(batch, kv_len)
-
-    def compile(self, backend, batch: int = 1) -> None:
-        """Replace every runner with ``backend.compile(graph, example inputs, aliases)``.
-
-        Graphs compiled by a static-shape backend (``backend.static_batch``, true unless the
-        backend says otherwise) take exactly ``batch`` rows from then on."""
-        for b, graph in self.prefill_graphs.items():
-            self.prefill_runners[b] = backend.compile(graph, self.example_inputs_prefill(b, batch), graph.aliases)
-        for kv, graph in self.decode_graphs.items():
-            graph.inplace_kv_writes = bool(getattr(backend, "inplace_kv_writes", False))
-            self.decode_runners[kv] = backend.compile(graph, self.example_inputs_decode(kv, batch), graph.aliases)
-        self.batch = batch if getattr(backend, "static_batch", True) else None
+        """Flat tracing inputs of a decode graph (step inputs, then the store)."""
+        inputs, store = self.inputs.example_decode(kv_len, batch)
+        return [*inputs, *store]
 
     def check_batch(self, rows: int) -> None:
         """Raise :class:`BucketError` when compiled runners cannot take ``rows`` rows."""
@@ -118,10 +128,31 @@ class Port:
             raise BucketError(f"the compiled graphs take batch {self.batch}, found {rows} prompts; pad the batch to "
                               f"{self.batch} rows (the server's engine does) or compile with batch={rows}")
 
+    # ---- KV store ----------------------------------------------------------------------------
+    def new_store(self, batch: int, kv_len: int | None = None) -> KVStore:
+        return self.inputs.new_store(batch, kv_len or self.kv_len)
+
+    def grow_store(self, store: KVStore, new_kv: int, last_position: torch.Tensor) -> KVStore:
+        """The store copied into KV length ``new_kv`` (host side, between steps)."""
+        return store.grow(self.specs[new_kv], last_position)
+
+    # ---- views -------------------------------------------------------------------------------
+    @property
+    def buckets(self) -> list[int]:
+        return self.stores.buckets
+
+    @property
+    def kv_lens(self) -> list[int]:
+        return self.stores.kv_lens
+
     @property
     def kv_len(self) -> int:
         """The largest KV length (how far a request can grow)."""
-        return self.kv_lens[-1]
+        return self.stores.kv_len
+
+    @property
+    def specs(self) -> dict[int, KVStoreSpec]:
+        return self.stores.specs
 
     @property
     def spec(self) -> KVStoreSpec:
@@ -129,93 +160,50 @@ class Port:
         return self.specs[self.kv_len]
 
     @property
+    def prefill_kv(self) -> dict[int, int]:
+        return self.stores.prefill_kv
+
+    @property
+    def rings(self) -> dict[int, int | None]:
+        return self.stores.rings
+
+    @property
+    def batch(self) -> int | None:
+        """Rows the runners take: None while they are eager graphs (any batch)."""
+        return self.runners.batch
+
+    @property
+    def prefill_runners(self) -> dict[int, Runnable]:
+        return self.runners.prefill
+
+    @property
+    def decode_runners(self) -> dict[int, Runnable]:
+        return self.runners.decode
+
+    @property
+    def prefill_graphs(self) -> dict:
+        return self.graphs.prefill if self.graphs is not None else {}
+
+    @property
+    def decode_graphs(self) -> dict:
+        return self.graphs.decode if self.graphs is not None else {}
+
+    @property
     def decode_graph(self) -> DecodeGraph:
         return self.decode_graphs[self.kv_len]
 
-    # ---- host-side inputs ------------------------------------------------------------------
-    def host_inputs_prefill(self, ids: torch.Tensor, lengths: torch.Tensor, bucket: int) -> list[torch.Tensor]:
-        """ids [batch, bucket] right-padded, lengths [batch] -> the prefill graph's 8 inputs."""
-        kv = self.prefill_kv[bucket]
-        embeds, per_layer = self.embeddings.embed(ids)
-        positions = self._positions[:bucket].expand(ids.shape[0], bucket).contiguous()
-        m_full, m_slide = masks.prefill_masks(lengths, bucket, self.layout.sliding_window, self.dtype)
-        w_full, w_slide = masks.prefill_writes(lengths, bucket, kv, self.rings[kv], self.dtype)
-        last = masks.last_token_onehot(lengths, bucket, self.dtype)
-        return [embeds, per_layer, positions, m_full, m_slide, w_full, w_slide, last]
+    # ---- host inputs (list forms kept for one release) ---------------------------------------
+    def host_inputs_prefill(self, ids: torch.Tensor, lengths: torch.Tensor, bucket: int) -> StepInputs:
+        """ids [batch, bucket] right-padded, lengths [batch] -> the prefill step's inputs."""
+        return self.inputs.prefill(ids, lengths, bucket)
 
-    def decode_inputs(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int | None = None) -> list[torch.Tensor]:
-        """The decode step's 8 inputs written into preallocated tensors (reused every step).
+    def host_inputs_decode(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int | None = None) -> StepInputs:
+        """tokens [batch], positions [batch] -> the decode step's inputs (fresh tensors)."""
+        return self.inputs.decode_fresh(tokens, positions, kv_len or self.kv_len)
 
-        Same values as :meth:`host_inputs_decode`; consume them before the next call.
-        """
-        kv = kv_len or self.kv_len
-        key = (int(tokens.shape[0]), kv)
-        if key not in self._scratch:
-            self._scratch[key] = DecodeScratch(key[0], kv, self.rings[kv], self.layout.sliding_window, self.embeddings, self.dtype)
-        return self._scratch[key].fill(tokens, positions)
-
-    def host_inputs_decode(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int | None = None) -> list[torch.Tensor]:
-        """tokens [batch], positions [batch] -> the decode graph's 8 inputs for ``kv_len`` (fresh tensors)."""
-        kv = kv_len or self.kv_len
-        ring = self.rings[kv]
-        embeds, per_layer = self.embeddings.embed(tokens[:, None])
-        m_full, m_slide = masks.decode_masks(positions, kv, self.layout.sliding_window, ring, self.dtype)
-        w_full, w_slide = masks.decode_writes(positions, kv, ring, self.dtype)
-        last = torch.ones((tokens.shape[0], 1), dtype=self.dtype)
-        return [embeds, per_layer, positions[:, None], m_full, m_slide, w_full, w_slide, last]
-
-    def new_store(self, batch: int, kv_len: int | None = None) -> list[torch.Tensor]:
-        return self.specs[kv_len or self.kv_len].allocate(batch, self.dtype)
-
-    def grow_store(self, store: list[torch.Tensor], old_kv: int, new_kv: int, last_position: torch.Tensor) -> list[torch.Tensor]:
-        return grow(store, self.specs[old_kv], self.specs[new_kv], last_position)
-
-
-@dataclass
-class GreedyResult:
-    """Tokens of each row and timings of a greedy run."""
-
-    tokens: list[list[int]]
-    finish_reasons: list[str]
-    prefill_s: float
-    decode_s: float
-    decode_steps: int
-    host_s: float = 0.0
-    step_logits: list[torch.Tensor] = field(default_factory=list)
-
-    @property
-    def decode_tok_per_s(self) -> float | None:
-        return round(self.decode_steps / self.decode_s, 3) if self.decode_s > 0 else None
-
-    def to_json(self) -> dict:
-        """Tokens, finish reasons and timings as JSON-able data (logits excluded)."""
-        return {"tokens": self.tokens, "finish_reasons": self.finish_reasons, "prefill_s": self.prefill_s,
-                "decode_s": self.decode_s, "decode_steps": self.decode_steps, "host_s": self.host_s,
-                "decode_tok_per_s": self.decode_tok_per_s}
-
-
-def greedy_generate(
-    port: Port,
-    prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    stop_ids: Sequence[int] = (),
-    pad_id: int = 0,
-    keep_logits: bool = False,
-) -> GreedyResult:
-    """Greedy decoding of a batch of prompts over the port's graphs (see :class:`runtime.Generator`)."""
-    from neuron_port.runtime import GenerationParams, Generator
-
-    params = GenerationParams(max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_ids))
-    run = Generator(port, pad_id=pad_id).run_batch(list(prompts), params, keep_logits=keep_logits)
-    return GreedyResult(
-        tokens=[c.tokens for c in run.completions],
-        finish_reasons=[c.finish_reason for c in run.completions],
-        prefill_s=run.prefill_s,
-        decode_s=run.decode_s,
-        decode_steps=run.decode_steps,
-        host_s=run.host_s,
-        step_logits=run.step_logits,
-    )
+    def decode_inputs(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int | None = None) -> StepInputs:
+        """The decode step's inputs written into preallocated tensors (reused every step)."""
+        return self.inputs.decode(tokens, positions, kv_len or self.kv_len)
 
 
 __all__ = ["Port", "select_bucket", "GreedyResult", "greedy_generate"]

@@ -1,5 +1,12 @@
 """The generation runtime: the host loop between two device graphs.
 
+The loop is made of small steps: :func:`prefill_batch` (pad the prompts into a bucket and run
+the prefill graph), :func:`pick_tokens` (sample every live row and decide its stop), and
+:func:`decode_step` (grow the store when a row outgrows it, run the decode graph). The
+:class:`Generator` strings them together, times them and streams :class:`TokenEvent` s;
+:func:`greedy_generate` is the greedy shortcut over it. The loop works on any object with a
+``Port``'s step methods; it never imports the port module.
+
 Per step the host rewrites masks, one-hot writes and embeddings into preallocated tensors
 (:mod:`neuron_port.scratch`), samples from raw logits (softcap only where sampling needs it),
 and checks stop conditions. Rows of a batch
@@ -15,12 +22,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import torch
 
-from neuron_port.port import Port, select_bucket
 from neuron_port.sampling import SamplingParams, sample_token
+from neuron_port.shapes import select_bucket
+from neuron_port.step import run_step
+
+if TYPE_CHECKING:
+    from neuron_port.kvcache import KVStore
+    from neuron_port.port import Port
 
 
 @dataclass(frozen=True)
@@ -106,10 +118,81 @@ class _TextState:
         return piece
 
 
-class Generator:
-    """Greedy and sampled decoding, streaming and static batching over a :class:`Port`."""
+@dataclass
+class _Row:
+    """One row's decoding state: its parameters, output so far, sampler stream and stop state."""
 
-    def __init__(self, port: Port, tokenizer=None, pad_id: int = 0):
+    params: GenerationParams
+    completion: Completion
+    sampler: torch.Generator
+    text: _TextState
+    history: list[int]
+    done: bool = False
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], buckets: Sequence[int], pad_id: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """Right-pad the prompts into the first bucket that holds the longest one.
+
+    Returns (bucket, ids [batch, bucket], lengths [batch])."""
+    bucket = select_bucket(max(len(p) for p in prompts), buckets)
+    ids = torch.full((len(prompts), bucket), pad_id, dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
+    return bucket, ids, torch.tensor([len(p) for p in prompts], dtype=torch.long)
+
+
+def _finish_reason(row: _Row, token: int, hit_stop_string: bool, position: int, kv_len: int, can_grow: bool) -> str | None:
+    p = row.params
+    if token in p.stop_token_ids or hit_stop_string:
+        return "stop"
+    if len(row.completion.tokens) >= p.max_new_tokens:
+        return "length"
+    if position >= kv_len and (p.on_kv_full == "stop" or not can_grow):
+        return "length"
+    return None
+
+
+def pick_tokens(rows: list[_Row], logits: torch.Tensor, positions: torch.Tensor, kv_len: int, can_grow: bool,
+                softcap: float | None, pad_id: int, cancelled: Callable[[int], bool] | None = None
+                ) -> tuple[torch.Tensor, list[tuple[int, int, int, str, str | None]]]:
+    """Sample the next token of every live row from logits [batch, vocab] and settle its stop.
+
+    Returns (next tokens [batch], with ``pad_id`` for finished rows; one event
+    ``(row, index, token, released text, finish reason)`` per live row)."""
+    next_tok = torch.full((len(rows),), pad_id, dtype=torch.long)
+    events = []
+    for r, row in enumerate(rows):
+        if not row.done and cancelled is not None and cancelled(r):
+            row.done, row.completion.finish_reason = True, "cancelled"
+        if row.done:
+            continue
+        p, c = row.params, row.completion
+        recent = row.history if p.sampling.repetition_penalty != 1.0 else ()
+        tok = sample_token(logits[r], p.sampling, softcap, row.sampler, recent)
+        c.tokens.append(tok)
+        row.history.append(tok)
+        next_tok[r] = tok
+        piece, hit_stop_string = row.text.push(c.tokens)
+        reason = _finish_reason(row, tok, hit_stop_string, int(positions[r]), kv_len, can_grow)
+        if reason is not None:
+            piece += row.text.flush() if not hit_stop_string else ""
+            row.done, c.finish_reason, c.text = True, reason, row.text.text
+        events.append((r, len(c.tokens) - 1, tok, piece, reason))
+    return next_tok, events
+
+
+def grow_if_full(port: "Port", store: "KVStore", positions: torch.Tensor, rows: list[_Row]) -> "KVStore":
+    """Move the store to the next KV length when a live row's next position does not fit."""
+    kv = store.spec.kv_len
+    if max(int(positions[r]) for r, row in enumerate(rows) if not row.done) < kv:
+        return store
+    return port.grow_store(store, port.stores.next_kv(kv), positions - 1)
+
+
+class Generator:
+    """Greedy and sampled decoding, streaming and static batching over a :class:`~neuron_port.port.Port`."""
+
+    def __init__(self, port: "Port", tokenizer=None, pad_id: int = 0):
         self.port = port
         self.tokenizer = tokenizer
         self.pad_id = pad_id
@@ -131,6 +214,21 @@ class Generator:
         return run
 
     # ---- the loop ---------------------------------------------------------------------------
+    def _rows(self, prompts: Sequence[Sequence[int]], params: GenerationParams | Sequence[GenerationParams]) -> list[_Row]:
+        batch = len(prompts)
+        per_row = list(params) if isinstance(params, (list, tuple)) else [params] * batch
+        if len(per_row) != batch:
+            raise ValueError(f"{batch} prompts but {len(per_row)} parameter sets")
+        if batch == 0 or min(len(p) for p in prompts) < 1:
+            raise ValueError("every prompt needs at least one token")
+        self.port.check_batch(batch)
+        if any(p.stop_strings for p in per_row) and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer")
+        return [_Row(p, Completion(prompt_tokens=len(prompt)),
+                     torch.Generator().manual_seed(p.seed if p.seed is not None else 0),
+                     _TextState(self.tokenizer, p.stop_strings), list(prompt))
+                for prompt, p in zip(prompts, per_row)]
+
     @torch.inference_mode()
     def stream_batch(
         self,
@@ -148,93 +246,96 @@ class Generator:
         logits) are inference tensors: read them freely, but clone one before changing it in
         place outside inference mode. The port's reused decode inputs stay ordinary tensors."""
         port = self.port
-        batch = len(prompts)
-        rows = list(params) if isinstance(params, (list, tuple)) else [params] * batch
-        if len(rows) != batch:
-            raise ValueError(f"{batch} prompts but {len(rows)} parameter sets")
-        if batch == 0 or min(len(p) for p in prompts) < 1:
-            raise ValueError("every prompt needs at least one token")
-        port.check_batch(batch)
-        if any(p.stop_strings for p in rows) and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer")
-        bucket = select_bucket(max(len(p) for p in prompts), port.buckets)
+        rows = self._rows(prompts, params)
         run = run if run is not None else BatchRun([])
-        run.completions[:] = [Completion(prompt_tokens=len(p)) for p in prompts]
-        gens = [torch.Generator().manual_seed(p.seed if p.seed is not None else 0) for p in rows]
-        texts = [_TextState(self.tokenizer, p.stop_strings) for p in rows]
-        history = [list(p) for p in prompts]
-
+        run.completions[:] = [row.completion for row in rows]
         t0 = time.perf_counter()
-        ids = torch.full((batch, bucket), self.pad_id, dtype=torch.long)
-        for r, p in enumerate(prompts):
-            ids[r, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
-        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-        kv = port.prefill_kv[bucket]
-        inputs = port.host_inputs_prefill(ids, lengths, bucket)
-        host = time.perf_counter() - t0
-        g0 = time.perf_counter()
-        out = port.prefill_runners[bucket](*inputs, *port.new_store(batch, kv))
-        graph = time.perf_counter() - g0
-        logits, store = out[0], list(out[1:])
-        run.prefill_s = time.perf_counter() - t0
+        bucket, ids, lengths = pad_prompts(prompts, port.buckets, self.pad_id)
+        inputs = port.inputs.prefill(ids, lengths, bucket)
+        store = port.new_store(len(rows), port.prefill_kv[bucket])
+        step_host = time.perf_counter() - t0
+        logits, store, step_graph = _timed_step(port.prefill_runners[bucket], inputs, store)
+        run.prefill_s, run.graph_s = time.perf_counter() - t0, step_graph
         positions = lengths.clone()
-        done = [False] * batch
-        step_host, step_graph = host, graph
         t_dec = time.perf_counter()
         while True:
             if keep_logits:
                 run.step_logits.append(logits.clone())
             h0 = time.perf_counter()
-            next_tok = torch.zeros(batch, dtype=torch.long)
-            events = []
-            for r in range(batch):
-                if not done[r] and cancelled is not None and cancelled(r):
-                    done[r], run.completions[r].finish_reason = True, "cancelled"
-                if done[r]:
-                    next_tok[r] = self.pad_id
-                    continue
-                p, c = rows[r], run.completions[r]
-                tok = sample_token(logits[r], p.sampling, self.softcap, gens[r], history[r] if p.sampling.repetition_penalty != 1.0 else ())
-                c.tokens.append(tok)
-                history[r].append(tok)
-                next_tok[r] = tok
-                piece, hit_stop_string = texts[r].push(c.tokens)
-                reason = None
-                if tok in p.stop_token_ids or hit_stop_string:
-                    reason = "stop"
-                elif len(c.tokens) >= p.max_new_tokens:
-                    reason = "length"
-                elif int(positions[r]) >= kv and (p.on_kv_full == "stop" or kv == port.kv_lens[-1]):
-                    reason = "length"
-                if reason is not None:
-                    piece += texts[r].flush() if not hit_stop_string else ""
-                    done[r], c.finish_reason = True, reason
-                    c.text = texts[r].text
-                events.append((r, len(c.tokens) - 1, tok, piece, reason))
+            kv = store.spec.kv_len
+            next_tok, events = pick_tokens(rows, logits, positions, kv, port.stores.next_kv(kv) is not None,
+                                           self.softcap, self.pad_id, cancelled)
             step_host += time.perf_counter() - h0
             for r, index, tok, piece, reason in events:
                 yield TokenEvent(r, index, tok, piece, 1e3 * step_host, 1e3 * step_graph, reason)
-            host += step_host
-            if all(done):
+            run.host_s += step_host
+            if all(row.done for row in rows):
                 break
             h0 = time.perf_counter()
-            live = [r for r in range(batch) if not done[r]]
-            if max(int(positions[r]) for r in live) >= kv:
-                new_kv = next(k for k in port.kv_lens if k > kv)
-                store = port.grow_store(store, kv, new_kv, positions - 1)
-                kv = new_kv
-            step_pos = torch.clamp(positions, max=kv - 1)
-            inputs = port.decode_inputs(next_tok, step_pos, kv)
+            store = grow_if_full(port, store, positions, rows)
+            kv = store.spec.kv_len
+            inputs = port.inputs.decode(next_tok, torch.clamp(positions, max=kv - 1), kv)
             step_host = time.perf_counter() - h0
-            g0 = time.perf_counter()
-            out = port.decode_runners[kv](*inputs, *store)
-            step_graph = time.perf_counter() - g0
-            graph += step_graph
-            logits, store = out[0], list(out[1:])
+            logits, store, step_graph = _timed_step(port.decode_runners[kv], inputs, store)
+            run.graph_s += step_graph
             positions = positions + 1
             run.decode_steps += 1
         run.decode_s = time.perf_counter() - t_dec
-        run.host_s, run.graph_s, run.kv_len = host, graph, kv
+        run.kv_len = store.spec.kv_len
 
 
-__all__ = ["GenerationParams", "TokenEvent", "Completion", "BatchRun", "Generator"]
+def _timed_step(runner, inputs, store) -> tuple[torch.Tensor, "KVStore", float]:
+    g0 = time.perf_counter()
+    logits, store = run_step(runner, inputs, store)
+    return logits, store, time.perf_counter() - g0
+
+
+@dataclass
+class GreedyResult:
+    """Tokens of each row and timings of a greedy run."""
+
+    tokens: list[list[int]]
+    finish_reasons: list[str]
+    prefill_s: float
+    decode_s: float
+    decode_steps: int
+    host_s: float = 0.0
+    step_logits: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def decode_tok_per_s(self) -> float | None:
+        return round(self.decode_steps / self.decode_s, 3) if self.decode_s > 0 else None
+
+    def to_json(self) -> dict:
+        """Tokens, finish reasons and timings as JSON-able data (logits excluded)."""
+        return {"tokens": self.tokens, "finish_reasons": self.finish_reasons, "prefill_s": self.prefill_s,
+                "decode_s": self.decode_s, "decode_steps": self.decode_steps, "host_s": self.host_s,
+                "decode_tok_per_s": self.decode_tok_per_s}
+
+
+def greedy_generate(
+    port: "Port",
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    stop_ids: Sequence[int] = (),
+    pad_id: int = 0,
+    keep_logits: bool = False,
+) -> GreedyResult:
+    """Greedy decoding of a batch of prompts over one port's graphs (see :class:`Generator`).
+
+    ``keep_logits``: the raw logits of every step, before the host softcap."""
+    params = GenerationParams(max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_ids))
+    run = Generator(port, pad_id=pad_id).run_batch(list(prompts), params, keep_logits=keep_logits)
+    return GreedyResult(
+        tokens=[c.tokens for c in run.completions],
+        finish_reasons=[c.finish_reason for c in run.completions],
+        prefill_s=run.prefill_s,
+        decode_s=run.decode_s,
+        decode_steps=run.decode_steps,
+        host_s=run.host_s,
+        step_logits=run.step_logits,
+    )
+
+
+__all__ = ["GenerationParams", "TokenEvent", "Completion", "BatchRun", "Generator", "GreedyResult", "greedy_generate",
+           "pad_prompts", "pick_tokens", "grow_if_full"]

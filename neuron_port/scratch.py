@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from neuron_port.embedding import HostEmbeddings
+from neuron_port.step import StepInputs
 
 
 class DecodeScratch:
@@ -44,8 +45,8 @@ class DecodeScratch:
         self._held = torch.zeros((batch, sliding), dtype=torch.long)
         self._age = torch.zeros((batch, sliding), dtype=torch.long)
 
-    def fill(self, tokens: torch.Tensor, positions: torch.Tensor) -> list[torch.Tensor]:
-        """tokens [batch], positions [batch] -> the decode graph's 8 inputs (these very tensors)."""
+    def fill(self, tokens: torch.Tensor, positions: torch.Tensor) -> StepInputs:
+        """tokens [batch], positions [batch] -> the decode step's inputs (these very tensors)."""
         b, kv = self.batch, self.kv_len
         pos = positions[:, None]
         self.ids.copy_(tokens[:, None])
@@ -84,8 +85,8 @@ class DecodeScratch:
             torch.eq(self._age, 0, out=self._hit_sliding)
             self.write_sliding.view(b, self.ring).copy_(self._hit_sliding)
         per_layer = self.per_layer_flat.view(b, 1, e.num_layers, -1) if e.ple is not None else self.per_layer_flat.view(b, 1, e.num_layers, 0)
-        return [self.words, per_layer, self.positions, self.mask_full, self.mask_sliding,
-                self.write_full, self.write_sliding, self.last]
+        return StepInputs(self.words, per_layer, self.positions, self.mask_full, self.mask_sliding,
+                          self.write_full, self.write_sliding, self.last)
 
 
 __all__ = ["DecodeScratch"]

@@ -13,21 +13,14 @@ supported family.
 from __future__ import annotations
 
 import copy
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from neuron_port.families import family_for
 from neuron_port.layout import Layout
-from neuron_port.sharding import ModelShardPlan, column_split, head_columns, head_rows, plan_model, row_split
-
-Reduce = Callable[[torch.Tensor], torch.Tensor]
-
-
-def _identity(x: torch.Tensor) -> torch.Tensor:
-    return x
+from neuron_port.parallel import Reduce, identity_reduce
+from neuron_port.sharding import ModelShardPlan, column_split, head_columns, head_rows, row_split
 
 
 class RowParallelLinear(nn.Module):
@@ -67,14 +60,17 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
 def shard_model(
     model: nn.Module,
     layout: Layout,
+    plan: ModelShardPlan,
     rank: int,
-    tp: int,
-    reduce: Reduce = _identity,
-    plan: ModelShardPlan | None = None,
+    reduce: Reduce = identity_reduce,
     inplace: bool = False,
 ) -> nn.Module:
-    """Rank ``rank``'s shard of ``model`` (a copy unless ``inplace``)."""
-    plan = plan or plan_model(layout, tp)
+    """Rank ``rank``'s shard of ``model`` under ``plan`` (a copy unless ``inplace``).
+
+    Straddling layers (``groups`` None in the plan) need the rank's KV-head gather at attention
+    time: the graphs take it from ``plan.kv_expand(rank)``, nothing is planted on the modules.
+    """
+    tp = plan.tp
     shard = model if inplace else copy.deepcopy(model)
     family = family_for(layout.model_type)
     for spec, layer, lplan in zip(layout.layers, family.decoder_layers(shard), plan.layers):
@@ -94,8 +90,6 @@ def shard_model(
         family.set_attention_projection(attn, "o", RowParallelLinear(head_columns(o.weight, heads.q_heads, d), o.bias, reduce))
         if heads.groups is not None:
             family.set_kv_groups(attn, heads.groups)
-        else:
-            attn.register_buffer("np_kv_expand", heads.expand_matrix().to(q.weight.dtype), persistent=False)
         mlp = family.mlp(layer)
         ff = family.mlp_projections(mlp)
         for role in ("gate", "up"):

@@ -166,6 +166,11 @@ class ModelShardPlan:
         """Layer index -> KV heads rank ``rank`` holds (the size of its KV buffers)."""
         return {s.index: len(s.plan.ranks[rank].kv_heads) for s in self.layers}
 
+    def kv_expand(self, rank: int) -> dict[int, torch.Tensor]:
+        """Layer index -> ``[local_q, local_kv]`` one-hot gather, for the layers where rank
+        ``rank``'s query heads straddle KV groups (no uniform repeat factor); empty otherwise."""
+        return {s.index: s.plan.ranks[rank].expand_matrix() for s in self.layers if s.plan.ranks[rank].groups is None}
+
     def to_json(self) -> dict:
         layers = []
         for s in self.layers:
