@@ -139,6 +139,18 @@ def classify_divergence(index: int, port_token: int, reference_logits: torch.Ten
     return Divergence(index, int(port_token), ref_token, gap, "near_tie" if near else "error")
 
 
+def first_divergence(tokens: Sequence[int], reference: Sequence[int], reference_logits: Sequence[torch.Tensor]) -> dict | None:
+    """The port's first departure from the reference, classified (near-tie or error); None when
+    the sequences match. JSON-able."""
+    cmp = compare_tokens(tokens, reference)
+    if cmp.match:
+        return None
+    i = cmp.first_divergence
+    if i < len(tokens) and i < len(reference_logits):
+        return asdict(classify_divergence(i, tokens[i], reference_logits[i]))
+    return {"index": i, "kind": "length differs"}
+
+
 # ---- goldens -----------------------------------------------------------------------------------
 @dataclass
 class Golden:
@@ -222,6 +234,7 @@ __all__ = [
     "check_logits",
     "Divergence",
     "classify_divergence",
+    "first_divergence",
     "Golden",
     "make_golden",
     "check_golden_matches",

@@ -14,6 +14,7 @@ from neuron_port.backends.nxd import KVResident, alias_map, rank_checkpoints
 from neuron_port.compiled import compile_artifact, load_port
 from neuron_port.models import build_model
 from neuron_port.port import Port, greedy_generate
+from neuron_port.ranks import RankSetup
 from tests.helpers import run_cli, run_cli_process
 
 
@@ -86,12 +87,12 @@ def test_flipping_one_byte_of_a_weights_file_is_refused(e2b_artifact, tmp_path):
 
 
 def test_interrupted_compile_leaves_nothing_generate_accepts(tmp_path, monkeypatch):
-    import neuron_port.compiled as compiled
+    import neuron_port.artifact_writer as writer
 
     def boom(*args, **kwargs):
         raise KeyboardInterrupt("simulated interruption")
 
-    monkeypatch.setattr(compiled, "_build_rank", boom)
+    monkeypatch.setattr(writer, "compile_rank", boom)  # the host files are written, no rank finishes
     out = tmp_path / "half"
     with pytest.raises(KeyboardInterrupt):
         compile_artifact(build_model(load_config("gemma-4-e2b", tiny=True)), out, {"kind": "shipped"}, [32], [64])
@@ -119,7 +120,7 @@ def test_killed_compile_process_leaves_no_artifact(tmp_path):
 
 def test_version_mismatch_is_refused_unless_overridden(tmp_path, monkeypatch):
     real = artifact.installed_versions()
-    monkeypatch.setattr("neuron_port.compiled.installed_versions", lambda: {**real, "torch": "1.0.0"})
+    monkeypatch.setattr("neuron_port.artifact_writer.installed_versions", lambda: {**real, "torch": "1.0.0"})
     out = tmp_path / "old"
     compile_artifact(build_model(load_config("gemma-4-e2b", tiny=True)), out,
                      {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0}, [32], [64])
@@ -156,7 +157,7 @@ def test_neuron_compiler_args():
 def test_nxd_rank_checkpoints_keep_buffers_and_cast():
     model = build_model(load_config("gemma-4-12b", tiny=True), seed=0)
     layout = describe(model)
-    ranks = rank_checkpoints(model, layout, 2, layer_dtype=torch.bfloat16)
+    ranks = rank_checkpoints(model, RankSetup.for_layout(layout, 2), layer_dtype=torch.bfloat16)
     assert len(ranks) == 2
     for state in ranks:
         scalars = [k for k in state if k.endswith("layer_scalar")]
@@ -200,13 +201,14 @@ def test_nxd_checkpoint_column_split_gives_each_rank_its_planned_kv_heads():
     """NxD splits columns evenly; the expanded K/V rows make that split equal the library's plan."""
     from neuron_port.backends.nxd import expanded_kv_rows, nxd_checkpoint
     from neuron_port.errors import ShardingError
-    from neuron_port.sharding import head_rows, plan_attention, plan_model
+    from neuron_port.sharding import head_rows, plan_attention
 
     model = build_model(load_config("gemma-4-12b", tiny=True), seed=0)
     layout = describe(model)
     for tp in (2, 4):
-        state = nxd_checkpoint(model, layout, tp, layer_dtype=torch.bfloat16)
-        plan = plan_model(layout, tp)
+        setup = RankSetup.for_layout(layout, tp)
+        state = nxd_checkpoint(model, setup, layer_dtype=torch.bfloat16)
+        plan = setup.plan
         for spec in layout.layers:
             k = state[f"model.layers.{spec.index}.self_attn.k_proj.weight"]
             original = model.state_dict()[f"model.layers.{spec.index}.self_attn.k_proj.weight"]
@@ -223,4 +225,4 @@ def test_nxd_parallel_layers_need_the_sdk():
 
     model = build_model(load_config("gemma-4-e4b", tiny=True), seed=0)
     with pytest.raises(BackendUnavailableError, match="pip.repos.neuron.amazonaws.com"):
-        parallelize_for_nxd(model, describe(model), 2)
+        parallelize_for_nxd(model, RankSetup.for_layout(describe(model), 2))

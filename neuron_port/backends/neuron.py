@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from neuron_port.backends import require_backend
+from neuron_port.backends.sdk import require_backend
 from neuron_port.backends.base import Runnable
 
 

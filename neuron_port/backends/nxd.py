@@ -31,15 +31,15 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from neuron_port.backends import require_backend
+from neuron_port.backends.sdk import require_backend
 from neuron_port.buffers import persistent_buffers
 from neuron_port.errors import ShardingError
 from neuron_port.families import family_for
-from neuron_port.layout import Layout
 from neuron_port.models import checkpoint_state
 from neuron_port.parallel import CHILD_ENV, is_tp_child
+from neuron_port.ranks import RankSetup
 from neuron_port.shard_model import shard_model
-from neuron_port.sharding import AttentionPlan, head_rows, plan_model
+from neuron_port.sharding import AttentionPlan, head_rows
 
 
 def expanded_kv_rows(weight: torch.Tensor, plan: AttentionPlan, head_dim: int) -> torch.Tensor:
@@ -54,10 +54,10 @@ def expanded_kv_rows(weight: torch.Tensor, plan: AttentionPlan, head_dim: int) -
     return torch.cat([head_rows(weight, r.kv_heads, head_dim) for r in plan.ranks], dim=0)
 
 
-def nxd_checkpoint(model: nn.Module, layout: Layout, tp: int, layer_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """The full checkpoint NxD's sharding splits: K/V rows expanded by the plan, buffers included,
-    optionally cast to the layer dtype (bf16 halves the neff)."""
-    plan = plan_model(layout, tp)
+def nxd_checkpoint(model: nn.Module, setup: RankSetup, layer_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The full checkpoint NxD's sharding splits: K/V rows expanded by the setup's plan, buffers
+    included, optionally cast to the layer dtype (bf16 halves the neff)."""
+    layout, plan = setup.layout, setup.plan
     state = checkpoint_state(model)
     for name, buf in persistent_buffers(model).items():
         state[name] = buf.detach().clone()  # NxD loads parameters only: carry the buffers explicitly
@@ -73,7 +73,7 @@ def nxd_checkpoint(model: nn.Module, layout: Layout, tp: int, layer_dtype: torch
     return state
 
 
-def parallelize_for_nxd(model: nn.Module, layout: Layout, tp: int, dtype: torch.dtype = torch.float32) -> nn.Module:
+def parallelize_for_nxd(model: nn.Module, setup: RankSetup, dtype: torch.dtype = torch.float32) -> nn.Module:
     """Replace projections with NxD's ColumnParallelLinear / RowParallelLinear sized by the plan.
 
     Runs inside an NxD rank worker (parallel state initialised). q, expanded k/v, gate and up are
@@ -84,7 +84,7 @@ def parallelize_for_nxd(model: nn.Module, layout: Layout, tp: int, dtype: torch.
     require_backend("nxd")
     from neuronx_distributed.parallel_layers import ColumnParallelLinear, RowParallelLinear
 
-    plan = plan_model(layout, tp)
+    layout, plan, tp = setup.layout, setup.plan, setup.tp
     family = family_for(layout.model_type)
     h = layout.hidden_size
     for spec, layer in zip(layout.layers, family.decoder_layers(model)):
@@ -109,12 +109,11 @@ def parallelize_for_nxd(model: nn.Module, layout: Layout, tp: int, dtype: torch.
     return model
 
 
-def rank_checkpoints(model: nn.Module, layout: Layout, tp: int, layer_dtype: torch.dtype | None = None) -> list[dict[str, torch.Tensor]]:
-    """Per-rank state dicts from the library's shard plan, buffers included, optionally cast."""
-    plan = plan_model(layout, tp)
+def rank_checkpoints(model: nn.Module, setup: RankSetup, layer_dtype: torch.dtype | None = None) -> list[dict[str, torch.Tensor]]:
+    """Per-rank state dicts from the setup's shard plan, buffers included, optionally cast."""
     out = []
-    for rank in range(tp):
-        shard = shard_model(model, layout, rank, tp, plan=plan)
+    for rank in range(setup.tp):
+        shard = shard_model(model, setup.layout, setup.plan, rank)
         state = checkpoint_state(shard, clone=False)
         for name, buf in persistent_buffers(shard).items():
             state[name] = buf.detach().clone()
@@ -168,7 +167,7 @@ def build(
 
     ``make_prefill`` / ``make_decode`` build :class:`KVResident` graphs over a model passed through
     :func:`parallelize_for_nxd`; ``checkpoint_loader`` is typically
-    ``lambda: nxd_checkpoint(model, layout, tp, torch.bfloat16)`` (buffers included).
+    ``lambda: nxd_checkpoint(model, setup, torch.bfloat16)`` (buffers included).
     """
     if is_tp_child():
         raise RuntimeError(f"nxd build called inside a rank worker ({CHILD_ENV}=1): refusing to re-spawn")

@@ -1,0 +1,73 @@
+"""Reading an artifact back: its ranks, each rank's port, and the CPU reference it was built from.
+
+An artifact is read the way a server reads it: the manifest verified once
+(:func:`neuron_port.artifact.verify`), then each rank assembles a
+:class:`~neuron_port.port.Port` from its compiled graphs and the host embeddings — no model,
+no Hugging Face forward. The rank's KV layout is checked against what the manifest recorded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from neuron_port.artifact import ArtifactError, weights_fingerprint
+from neuron_port.backends import get_backend
+from neuron_port.configs import load_config
+from neuron_port.embedding import load_host_embeddings
+from neuron_port.layout import describe
+from neuron_port.models import build_model, checkpoint_state, load_model_dir
+from neuron_port.port import Port
+from neuron_port.ranks import Rank, RankSetup
+from neuron_port.runners import load_runners
+from neuron_port.shapes import PortShape
+
+
+def artifact_setup(directory: str | Path, manifest: dict[str, Any]) -> RankSetup:
+    """The ranks of an artifact: the layout of its config and the shard plan at its tp."""
+    return RankSetup.for_layout(describe(load_config(Path(directory) / "config.json")), int(manifest["tp"]))
+
+
+def artifact_shape(manifest: dict[str, Any]) -> PortShape:
+    """The prompt buckets and KV lengths the artifact's graphs were compiled for."""
+    return PortShape(manifest["buckets"], manifest["kv_lens"], manifest.get("ring_buffers", True))
+
+
+def load_rank_port(directory: str | Path, manifest: dict[str, Any], rank: Rank) -> Port:
+    """Rank ``rank``'s port from a verified artifact: its compiled graphs and the host embeddings."""
+    directory = Path(directory)
+    config = load_config(directory / "config.json")
+    stores = artifact_shape(manifest).stores(rank.layout, rank.local_kv_heads)
+    expected = manifest["kv_layout"][rank.rank]
+    if stores.kv_layout() != expected:
+        raise ArtifactError(f"field kv_layout (rank {rank.rank}): expected {expected}, found {stores.kv_layout()} "
+                            "for this config and tp")
+    facts = manifest.get("runners", {"batch": manifest["batch"]})
+    runners = load_runners(get_backend(manifest["backend"]), directory / f"rank{rank.rank}", stores.buckets,
+                           stores.kv_lens, facts)
+    return Port.from_runners(rank.layout, stores, load_host_embeddings(directory, config), runners)
+
+
+def reference_model(manifest: dict[str, Any]) -> nn.Module:
+    """Rebuild the CPU reference from the artifact's recorded source, proven to be the same weights."""
+    source = manifest["source"]
+    if source.get("kind") == "shipped":
+        model = build_model(load_config(source["name"], tiny=bool(source.get("tiny"))), seed=int(source.get("seed", 0)))
+    elif source.get("kind") == "dir":
+        if not Path(source["path"]).is_dir():
+            raise ArtifactError(f"the reference checkpoint {source['path']} recorded in the manifest is not available here")
+        model = load_model_dir(source["path"])
+    else:
+        raise ArtifactError(f"field source: expected kind 'shipped' or 'dir', found {source!r}")
+    found = weights_fingerprint(checkpoint_state(model, clone=False))
+    if found != manifest["weights_fingerprint"]:
+        raise ArtifactError(
+            f"the CPU reference rebuilt from {source} is not the artifact's checkpoint: weights fingerprint "
+            f"expected {manifest['weights_fingerprint']}, found {found}; refusing to compare against the wrong oracle"
+        )
+    return model
+
+
+__all__ = ["artifact_setup", "artifact_shape", "load_rank_port", "reference_model"]

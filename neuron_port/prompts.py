@@ -1,0 +1,44 @@
+"""Prompts as token ids: seeded random ones for random-weight checks, or text through a tokenizer.
+
+Both put the family's BOS first when it has one (taken from the config, never a literal), so
+the port and the Hugging Face reference always see the same ids.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from neuron_port.errors import NeuronPortError
+from neuron_port.tokenizer import load_tokenizer
+
+RANDOM_PROMPT_SEED_OFFSET = 1000
+FIRST_ORDINARY_ID = 3  # ids below are the demo tokenizer's pad, eos and bos
+
+
+class PromptError(NeuronPortError, ValueError):
+    """A prompt that cannot be built as asked."""
+
+
+def random_prompt(vocab_size: int, length: int, seed: int = 0, bos: int | None = None) -> list[int]:
+    """``length`` seeded random ids (from the generator seeded ``seed + 1000``); BOS first when given."""
+    if length < 1:
+        raise PromptError(f"a prompt needs at least one token, found length {length}")
+    gen = torch.Generator().manual_seed(seed + RANDOM_PROMPT_SEED_OFFSET)
+    ids = torch.randint(FIRST_ORDINARY_ID, vocab_size, (length,), generator=gen).tolist()
+    if bos is not None:
+        ids[0] = bos
+    return ids
+
+
+def text_prompt(tokenizer_dir: str | Path, text: str, bos: int | None = None) -> list[int]:
+    """``text`` tokenised with ``tokenizer_dir``'s tokenizer.json; BOS first when given."""
+    tok = load_tokenizer(tokenizer_dir)
+    if tok is None:
+        raise PromptError(f"a text prompt needs a tokenizer.json in {tokenizer_dir}; it has none. "
+                          "Use --prompt-len N for random prompt tokens.")
+    return ([bos] if bos is not None else []) + tok.encode(text).ids
+
+
+__all__ = ["PromptError", "random_prompt", "text_prompt"]
