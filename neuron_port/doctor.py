@@ -32,8 +32,9 @@ class Check:
     fix: str = ""
 
 
-def tokenizer_problems(model_dir: Path, vocab_size: int, bos_id: int | None = 2) -> list[str]:
-    """Sanity of ``tokenizer.json``: present, loadable, round trip, no unknown flood, BOS id, vocab size."""
+def tokenizer_problems(model_dir: Path, vocab_size: int, bos_id: int | None = None) -> list[str]:
+    """Sanity of ``tokenizer.json``: present, loadable, round trip, no unknown flood, vocab size, and
+    ``bos_id`` (the config's; None when the family adds none) in the vocabulary."""
     from tokenizers import Tokenizer
 
     path = model_dir / "tokenizer.json"
@@ -152,41 +153,49 @@ def _artifact(directory: Path) -> Check:
     return Check("artifact", "pass", f"manifest verified ({len(manifest['files'])} files, backend {manifest['backend']}, tp {manifest['tp']})")
 
 
-def _port_model_dir(directory: Path, tokens: int) -> Check:
-    from neuron_port.models import load_model_dir
-    from neuron_port.oracle import classify_divergence, compare_tokens, reference_generate
-    from neuron_port.run import GenerationJob, generate_with_port
+def _probe_prompt(config, bucket: int) -> list[int]:
+    """BOS (the config's, when the family has one) then consecutive ordinary ids, within ``bucket``."""
+    from neuron_port.families import family_for
 
-    from neuron_port.families import family_of
+    bos = family_for(config.model_type).special_ids(config).bos
+    head = [bos] if bos is not None else []
+    return head + list(range(4, 4 + min(11, bucket - len(head))))
+
+
+def _port_model_dir(directory: Path, config, tokens: int) -> Check:
+    from neuron_port.generation import generate
+    from neuron_port.models import load_model_dir
+    from neuron_port.oracle import reference_generate
+    from neuron_port.shapes import PortShape
 
     model = load_model_dir(directory)
-    family = family_of(model)
-    bos = family.special_ids(family.text_config_of(model)).bos
-    prompt = ([bos] if bos is not None else []) + list(range(4, 4 + 11))
+    prompt = _probe_prompt(config, 16)
     ref = reference_generate(model, prompt, tokens)
-    got = generate_with_port(model, GenerationJob([prompt], tokens, [16], 64))["tokens"][0]
-    return _port_verdict(compare_tokens(got, ref["tokens"]), got, ref, classify_divergence)
+    got = generate(model, [prompt], tokens, shape=PortShape([16], 64)).tokens[0]
+    return _port_verdict(got, ref)
 
 
-def _port_artifact(directory: Path, tokens: int) -> Check:
+def _port_artifact(directory: Path, config, tokens: int) -> Check:
     from neuron_port.artifact import read_manifest
-    from neuron_port.compiled import generate_from_artifact, reference_model
-    from neuron_port.oracle import classify_divergence, compare_tokens, reference_generate
+    from neuron_port.artifact_reader import reference_model
+    from neuron_port.generation import generate
+    from neuron_port.oracle import reference_generate
 
     manifest = read_manifest(directory)  # the artifact check, which runs first, verified it
-    prompt = [2] + list(range(4, 4 + min(11, max(manifest["buckets"]) - 1)))
-    got = generate_from_artifact(directory, [prompt], tokens, manifest=manifest)["tokens"][0]
+    prompt = _probe_prompt(config, max(manifest["buckets"]))
+    got = generate(directory, [prompt], tokens, manifest=manifest).tokens[0]
     ref = reference_generate(reference_model(manifest), prompt, tokens)
-    return _port_verdict(compare_tokens(got, ref["tokens"]), got, ref, classify_divergence)
+    return _port_verdict(got, ref)
 
 
-def _port_verdict(cmp, got, ref, classify) -> Check:
-    if cmp.match:
+def _port_verdict(got: list[int], ref: dict) -> Check:
+    from neuron_port.oracle import first_divergence
+
+    div = first_divergence(got, ref["tokens"], ref["logits"])
+    if div is None:
         return Check("port", "pass", f"{len(got)} greedy tokens equal Hugging Face generate on CPU")
-    i = cmp.first_divergence
-    div = classify(i, got[i], ref["logits"][i]) if i < len(got) and i < len(ref["logits"]) else None
-    kind = div.kind if div else "length"
-    return Check("port", "fail", f"first divergence at token {i} ({kind})",
+    kind = div["kind"] if div["kind"] != "length differs" else "length"
+    return Check("port", "fail", f"first divergence at token {div['index']} ({kind})",
                  "the CPU reference itself is healthy (earlier checks passed): suspect the port/graphs or the runtime")
 
 
@@ -216,7 +225,7 @@ def run_doctor(directory: str | Path, tokens: int = 8) -> list[Check]:
     if any(c.status == "fail" for c in checks):
         checks.append(Check("port", "skip", "an earlier check failed; fix it first (it is cheaper)"))
     else:
-        checks.append((_port_artifact if is_artifact else _port_model_dir)(directory, tokens))
+        checks.append((_port_artifact if is_artifact else _port_model_dir)(directory, config, tokens))
     return checks
 
 

@@ -275,6 +275,16 @@ class DecoderFamily:
         text = self.text_model(model)
         text.rotary_emb = type(text.rotary_emb)(config)
 
+    # ---- chat format ----------------------------------------------------------------------------
+    # Token strings that end an assistant turn (resolved to ids through the model's tokenizer).
+    chat_stop_tokens: tuple[str, ...] = ()
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str | None:
+        """The family's own chat format, for tokenizer files that carry no ``chat_template``:
+        ``messages`` (``role``, ``content``) rendered up to the assistant's turn, without BOS.
+        None when the family has no default format."""
+        return None
+
     # ---- per-layer buffers --------------------------------------------------------------------
     def layer_buffer_names(self) -> tuple[str, ...]:
         """Per-layer persistent buffers whose loss silently breaks the model (none by default)."""

@@ -185,6 +185,25 @@ class Gemma4Family(DecoderFamily):
         if ple is not None:
             ple.embed_scale = torch.tensor(ple_scale)
 
+    # ---- chat format ----------------------------------------------------------------------------
+    chat_stop_tokens = ("<end_of_turn>",)
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        """Gemma's turn format: ``<start_of_turn>user`` / ``<start_of_turn>model`` turns closed by
+        ``<end_of_turn>``; system content is prepended to the first user turn (Gemma has no
+        system role); the model's turn opened last."""
+        system = " ".join(m["content"] for m in messages if m["role"] == "system")
+        parts = []
+        for m in messages:
+            if m["role"] == "system":
+                continue
+            role = "model" if m["role"] == "assistant" else "user"
+            content = m["content"]
+            if system and role == "user":
+                content, system = f"{system}\n\n{content}", ""
+            parts.append(f"<start_of_turn>{role}\n{content}<end_of_turn>\n")
+        return "".join(parts) + "<start_of_turn>model\n"
+
     def layer_buffer_names(self) -> tuple[str, ...]:
         return ("layer_scalar",)
 

@@ -25,6 +25,14 @@ class LlamaFamily(DecoderFamily):
     tiny_heads = (8, 2)
     tiny_max_positions = 16384  # above the RoPE scaling's original 8192
 
+    chat_stop_tokens = ("<|eot_id|>",)
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        """Llama-3's header format: each turn ``<|start_header_id|>role<|end_header_id|>`` then a
+        blank line, the content and ``<|eot_id|>``; the assistant header last."""
+        turns = [f"<|start_header_id|>{m['role']}<|end_header_id|>\n\n{m['content']}<|eot_id|>" for m in messages]
+        return "".join(turns) + "<|start_header_id|>assistant<|end_header_id|>\n\n"
+
     def attention_mask_argument(self, masks: dict[str, torch.Tensor]) -> Any:
         """``LlamaModel`` takes one 4-D mask (used as is); every layer is full attention."""
         return masks["full"]

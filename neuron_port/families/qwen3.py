@@ -22,6 +22,14 @@ class Qwen3Family(DecoderFamily):
     # 2 query heads per KV head, as in Qwen3-0.6B (16/8); 2 KV heads are fewer than tp 4.
     tiny_heads = (4, 2)
 
+    chat_stop_tokens = ("<|im_end|>",)
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        """ChatML: each turn ``<|im_start|>role``, a newline, the content and ``<|im_end|>``; the
+        assistant's opening last."""
+        turns = [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages]
+        return "".join(turns) + "<|im_start|>assistant\n"
+
     def sliding_window(self, config: Any) -> int | None:
         if not getattr(config, "use_sliding_window", False):
             return None

@@ -1,0 +1,54 @@
+"""Helpers every command shares: JSON output, integer lists, prompts from arguments, generation reports."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def int_list(text: str) -> list[int]:
+    """argparse type: ``"32,64,128"`` -> [32, 64, 128] (positive integers)."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, found {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, found {text!r}")
+    return values
+
+
+def prompt_ids(args: argparse.Namespace, source: str, vocab: int, bos: int | None) -> list[int]:
+    """``--prompt TEXT`` tokenised with ``source``'s tokenizer.json, or ``--prompt-len`` seeded
+    random ids; BOS first when the family has one."""
+    from neuron_port.prompts import random_prompt, text_prompt
+
+    if args.prompt is not None:
+        return text_prompt(source, args.prompt, bos)
+    return random_prompt(vocab, args.prompt_len, args.seed, bos)
+
+
+def emit_generation(out: dict[str, Any], args: argparse.Namespace) -> int:
+    """Print a generation result (JSON or key: value lines, plus SEQ_MATCH with --check); the exit code."""
+    if args.json:
+        print_json(out)
+    else:
+        for key, value in out.items():
+            print(f"{key}: {value}")
+        if args.check:
+            print(f"SEQ_MATCH {out['seq_match']}")
+    return 0 if (not args.check or out["seq_match"]) else 1
+
+
+def add_prompt_options(p: argparse.ArgumentParser, default_tokens: int) -> None:
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--prompt-len", type=int, default=24, help="random prompt of N tokens (BOS first)")
+    group.add_argument("--prompt", default=None, help="prompt text (needs tokenizer.json next to the model)")
+    p.add_argument("--max-new-tokens", type=int, default=default_tokens)
+
+
+__all__ = ["print_json", "int_list", "prompt_ids", "emit_generation", "add_prompt_options"]

@@ -1,0 +1,98 @@
+"""``port``: build the two graphs of every rank over a model and generate, optionally checked against Hugging Face."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from neuron_port.commands.common import add_prompt_options, emit_generation, int_list, prompt_ids
+
+
+def _cmd_port(args: argparse.Namespace) -> int:
+    from neuron_port.families import family_of
+    from neuron_port.generation import generate
+    from neuron_port.kvcache import naive_kv_bytes
+    from neuron_port.layout import describe
+    from neuron_port.models import model_from_name
+    from neuron_port.ranks import RankSetup
+    from neuron_port.shapes import PortShape
+
+    if args.backend != "cpu":
+        from neuron_port.backends import require_backend
+
+        require_backend(args.backend)
+    model = model_from_name(args.model, tiny=args.tiny, seed=args.seed)
+    family = family_of(model)
+    config = family.text_config_of(model)
+    special = family.special_ids(config)
+    # A random-weight model's end-of-sequence token is noise: stop on it only for real weights.
+    stop_on_eos = Path(args.model).is_dir() if args.stop_at_eos is None else args.stop_at_eos
+    stop_ids = list(special.eos) if stop_on_eos else []
+    prompt = prompt_ids(args, args.model, family.vocab_size(config), special.bos)
+    prompts = [prompt[: max(1, len(prompt) - 3 * row)] for row in range(args.batch)]
+    layout = describe(model)
+    setup = RankSetup.for_layout(layout, args.tp)
+    result = generate(model, prompts, args.max_new_tokens, stop_ids=stop_ids, shape=PortShape(args.buckets, args.kv_len),
+                      setup=setup)
+    out: dict[str, Any] = {
+        "model": args.model, "tiny": args.tiny, "backend": args.backend, "tp": args.tp, "batch": args.batch,
+        "prompt_tokens": len(prompt),
+        "new_tokens": len(result.tokens[0]),
+        "tokens": result.tokens[0],
+        "finish_reason": result.finish_reasons[0],
+        "stop_ids": stop_ids,
+        "kv_cache_bytes": result.kv_cache_bytes,
+        "kv_cache_bytes_naive": naive_kv_bytes(layout, args.kv_len, args.batch, result.dtype_bytes),
+        "prefill_s": round(result.prefill_s, 6),
+        "decode_tok_per_s": result.decode_tok_per_s,
+        "host_ms_per_token": round(1e3 * result.host_s / max(1, result.decode_steps + 1), 4),
+    }
+    if args.tp > 1:
+        out["per_rank_kv_cache_bytes"] = result.per_rank_kv_cache_bytes
+    if args.batch > 1:
+        out["rows"] = [{"prompt_tokens": len(p), "tokens": t} for p, t in zip(prompts, result.tokens)]
+    if args.check:
+        _check_rows(out, model, prompts, result.tokens, args.max_new_tokens, stop_ids)
+    return emit_generation(out, args)
+
+
+def _check_rows(out: dict[str, Any], model, prompts: list[list[int]], tokens: list[list[int]], max_new_tokens: int,
+                stop_ids: list[int]) -> None:
+    """Every row against Hugging Face generate; row 0's reference and divergence at the top level."""
+    from neuron_port.validation import compare_with_reference
+
+    matches = []
+    for row, (prompt, got) in enumerate(zip(prompts, tokens)):
+        checked = compare_with_reference({"tokens": got}, model, prompt, max_new_tokens, stop_ids)
+        matches.append(checked["seq_match"])
+        if row == 0:
+            out["reference_tokens"], out["divergence"] = checked["reference_tokens"], checked["divergence"]
+        if "rows" in out:
+            out["rows"][row]["reference_tokens"] = checked["reference_tokens"]
+            out["rows"][row]["seq_match"] = checked["seq_match"]
+    out["seq_match"] = all(matches)
+
+
+def add(sub) -> None:
+    p = sub.add_parser("port", help="build the two-graph port and generate (optionally check against HF generate)")
+    p.add_argument("model", help="a shipped name or a local model directory (config.json + safetensors)")
+    p.add_argument("--tiny", action="store_true", help="random weights on the tiny variant")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (gloo ranks on this machine)")
+    p.add_argument("--backend", default="cpu", choices=["cpu", "neuron", "nxd"])
+    add_prompt_options(p, default_tokens=48)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and the random prompt")
+    p.add_argument("--buckets", type=int_list, default=[32, 64, 128], help="prompt buckets, e.g. 32,64,128")
+    p.add_argument("--kv-len", type=int, default=256, help="KV length of the store (full-attention slots)")
+    p.add_argument("--batch", type=int, default=1, help="rows decoded together (prompts of different lengths)")
+    eos = p.add_mutually_exclusive_group()
+    eos.add_argument("--stop-at-eos", dest="stop_at_eos", action="store_true", default=None,
+                     help="stop at the end-of-sequence token (default for real weights)")
+    eos.add_argument("--ignore-eos", dest="stop_at_eos", action="store_false",
+                     help="never stop at end-of-sequence (default for random weights)")
+    p.add_argument("--check", action="store_true", help="compare with Hugging Face generate (greedy) on CPU")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_port)
+
+
+__all__ = ["add"]

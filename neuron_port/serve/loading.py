@@ -1,0 +1,113 @@
+"""What the server serves: a model name, a model directory or an artifact, loaded into an engine.
+
+A model (a shipped name or a directory) goes through the same path as every command: its rank
+(tp 1) is set up by :mod:`neuron_port.ranks` and builds its port over the model; ``slim``
+compiles that port for the engine's batch and drops the Hugging Face model from the host. An
+artifact is verified and its rank loads the compiled graphs and the host embeddings only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from neuron_port.engine import Engine
+from neuron_port.errors import NeuronPortError
+from neuron_port.port import Port
+from neuron_port.runtime import Generator
+from neuron_port.serve.chat import ChatFormat, bos_prefix, chat_format
+from neuron_port.shapes import PortShape
+from neuron_port.tokenizer import load_tokenizer
+
+
+@dataclass
+class Served:
+    """A loaded model: its engine, tokenizer, chat format and limits."""
+
+    model_id: str
+    engine: Engine
+    tokenizer: Any
+    vocab_size: int
+    bos_prefix: list[int]
+    eos_ids: tuple[int, ...]
+    max_prompt: int
+    buckets: list[int]
+    chat: ChatFormat
+
+    def encode(self, text: str) -> list[int]:
+        """Prompt ids of ``text``: BOS (when the tokenizer does not add it) then the tokens."""
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer: send the prompt as a list of token ids")
+        return self.bos_prefix + self.tokenizer.encode(text).ids
+
+
+def _artifact_port(path: Path) -> tuple[Port, Any, int]:
+    from neuron_port.artifact import verify
+    from neuron_port.artifact_reader import artifact_setup, load_rank_port
+    from neuron_port.configs import load_config
+    from neuron_port.parallel import identity_reduce
+    from neuron_port.ranks import Rank
+
+    manifest = verify(path)
+    if int(manifest["tp"]) != 1:
+        raise NeuronPortError(f"serving a tp {manifest['tp']} artifact is not supported yet (its ranks must run "
+                              "together); serve a tp 1 artifact, or the model itself")
+    rank = Rank(0, artifact_setup(path, manifest), identity_reduce)
+    return load_rank_port(path, manifest, rank), load_config(path / "config.json"), int(manifest["batch"])
+
+
+def _model_port(target: str, tiny: bool, seed: int, shape: PortShape, slim: bool, max_batch: int) -> tuple[Port, Any, int | None]:
+    from neuron_port.backends import get_backend
+    from neuron_port.families import family_of
+    from neuron_port.layout import describe
+    from neuron_port.models import model_from_name
+    from neuron_port.ranks import RankSetup, run_ranks
+
+    model = model_from_name(target, tiny=tiny, seed=seed)
+    config = family_of(model).text_config_of(model)
+    port = run_ranks(lambda rank: Port.for_rank(rank, shape), RankSetup.for_layout(describe(model), 1), model)[0]
+    del model
+    if not slim:
+        return port, config, None
+    port.compile(get_backend("cpu"), batch=max_batch)
+    port.release_graphs()
+    return port, config, max_batch
+
+
+def _tokenizer(path: Path, tiny: bool, vocab_size: int):
+    if path.is_dir():
+        return load_tokenizer(path)
+    if tiny:
+        from neuron_port.localdir import build_tokenizer
+
+        return build_tokenizer(vocab_size)
+    return None
+
+
+def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = False, max_batch: int = 4,
+                max_queue: int = 64, buckets: Sequence[int] = (32, 64, 128), kv_lens: Sequence[int] = (256, 512)) -> Served:
+    """A model name, model directory or artifact directory, ready to serve.
+
+    Artifacts always run slim (compiled graphs + embeddings only). ``slim`` on a model compiles
+    TorchScript graphs for ``max_batch`` rows and drops the Hugging Face model from the host.
+    """
+    from neuron_port.families import family_for
+
+    path = Path(target)
+    if (path / "manifest.json").exists():
+        port, config, fixed = _artifact_port(path)
+    else:
+        port, config, fixed = _model_port(target, tiny, seed, PortShape(buckets, kv_lens), slim, max_batch)
+    family = family_for(config.model_type)
+    special = family.special_ids(config)
+    tokenizer = _tokenizer(path, tiny, port.layout.vocab_size)
+    pad = special.bos if special.bos is not None else (special.pad or 0)
+    engine = Engine(Generator(port, tokenizer=tokenizer), max_batch=max_batch, max_queue=max_queue, fixed_batch=fixed,
+                    pad_prompt=(pad,))
+    name = path.name if path.is_dir() else target
+    return Served(name, engine, tokenizer, family.vocab_size(config), bos_prefix(tokenizer, special.bos), special.eos,
+                  max(port.buckets), port.buckets, chat_format(config.model_type, tokenizer, path if path.is_dir() else None))
+
+
+__all__ = ["Served", "load_served"]
