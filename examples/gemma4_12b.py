@@ -14,16 +14,17 @@ the compiler's fused attention, so attention stays eager (the library's default)
 from __future__ import annotations
 
 from neuron_port import describe, load_config
-from neuron_port.compiled import compile_artifact
+from neuron_port.artifact_writer import write_artifact
 from neuron_port.planner import Target, plan_capacity
-from neuron_port.recipe import artifact_dir, load_checked, recipe_parser, validate_then_serve
-from neuron_port.sharding import plan_model
+from neuron_port.ranks import RankSetup
+from neuron_port.recipe import artifact_dir, chosen_tp, load_checked, recipe_parser, validate_then_serve
+from neuron_port.shapes import PortShape
 
 NAME = "gemma-4-12b"
 
 
 def main() -> int:
-    args = recipe_parser(__doc__.splitlines()[0], tp=2).parse_args()
+    args = recipe_parser(__doc__.splitlines()[0]).parse_args()
 
     # 1. Describe: two attention types with different KV heads and head sizes, every layer an owner.
     config = load_config(args.model_dir or NAME, tiny=args.model_dir is None)
@@ -33,27 +34,33 @@ def main() -> int:
 
     # 2. Plan at the real dimensions.
     real = load_config(args.model_dir or NAME)
-    plan = plan_capacity(describe(real), real, NAME, Target.parse(args.target))
-    print(f"[plan] recommended tp {plan.recommended_tp}; {plan.per_core_bytes['total'] / 2**30:.1f} GiB per core at "
-          f"tp {plan.tp}; roofline {plan.roofline_tok_per_s} tok/s, measured {plan.measured_tok_per_s} tok/s")
+    capacity = plan_capacity(describe(real), real, NAME, Target.parse(args.target))
+    tp = chosen_tp(args, capacity)
+    print(f"[plan] recommended tp {capacity.recommended_tp}, using tp {tp}; "
+          f"{capacity.per_core_bytes['total'] / 2**30:.1f} GiB per core at tp {capacity.tp}; "
+          f"roofline {capacity.roofline_tok_per_s} tok/s, measured {capacity.measured_tok_per_s} tok/s")
 
     # 3. Load, buffers checked.
     model, source = load_checked(NAME, args.model_dir)
 
     # 4. Shard: one plan per attention type — sharded KV on sliding layers, replicated on full ones.
-    shard_plan = plan_model(layout, args.tp)
+    setup = RankSetup.for_layout(layout, tp)
     for kind in ("sliding", "full"):
-        layer = next(s for s in shard_plan.layers if s.attention == kind)
+        layer = next(s for s in setup.plan.layers if s.attention == kind)
         ranks = [(list(r.kv_heads), r.groups) for r in layer.plan.ranks]
         print(f"[shard] {kind} layers ({layer.plan.strategy}): per rank (kv heads, groups) {ranks}")
 
-    # 5-6. Per-rank graphs, traced with the all-reduce inside, written atomically as one artifact.
+    # 5. Graphs: each rank's store holds its share of the sliding KV heads and the replicated full one.
+    shape = PortShape(buckets=32, kv_lens=256)
+    per_rank = [shape.stores(layout, setup.plan.local_kv_heads(r)).specs[256].total_bytes(1, 4) for r in range(tp)]
+    print(f"[graphs] KV store per rank {per_rank} B")
+
+    # 6. Compile: per-rank graphs, traced with the all-reduce inside, written atomically as one artifact.
     out = artifact_dir(args, "gemma4_12b_")
-    manifest = compile_artifact(model, out, source, buckets=(32,), kv_lens=(256,), tp=args.tp, backend=args.backend,
-                                tokenizer_dir=args.model_dir)
+    manifest = write_artifact(out, model, source, setup, shape, backend=args.backend, tokenizer_dir=args.model_dir)
     print(f"[compile] tp {manifest['tp']}: {len(manifest['files'])} files in {out}")
 
-    # 7. Reload in a fresh process, check against HF on CPU, then serve with --serve.
+    # 7-8. Reload in a fresh process and check against Hugging Face on CPU.
     return validate_then_serve(out, args)
 
 

@@ -14,48 +14,55 @@ those 15 owners allocate, sliding owners as rings of the 512-token window.
 from __future__ import annotations
 
 from neuron_port import describe, load_config
-from neuron_port.compiled import compile_artifact
-from neuron_port.kvcache import kv_store_spec, naive_kv_bytes
+from neuron_port.artifact_writer import write_artifact
+from neuron_port.kvcache import naive_kv_bytes
 from neuron_port.planner import Target, plan_capacity
-from neuron_port.recipe import artifact_dir, load_checked, recipe_parser, validate_then_serve
+from neuron_port.ranks import RankSetup
+from neuron_port.recipe import artifact_dir, chosen_tp, load_checked, recipe_parser, validate_then_serve
+from neuron_port.shapes import PortShape
 
 NAME = "gemma-4-e2b"
 
 
 def main() -> int:
-    args = recipe_parser(__doc__.splitlines()[0], tp=1).parse_args()
+    args = recipe_parser(__doc__.splitlines()[0]).parse_args()
 
     # 1. Describe: which layers own KV, which read another layer's, what each attends with.
-    source = args.model_dir or NAME
-    config = load_config(source, tiny=args.model_dir is None)
+    config = load_config(args.model_dir or NAME, tiny=args.model_dir is None)
     layout = describe(config)
     shared = [s for s in layout.layers if not s.is_owner]
     print(f"[describe] {layout.num_layers} layers, KV owners {list(layout.kv_owners)}; "
           f"{len(shared)} shared layers read layers {sorted({s.kv_source for s in shared})}")
 
     # 2. Plan at the real dimensions: one core in bf16, and the roofline next to the measured rate.
-    real = load_config(source)
-    plan = plan_capacity(describe(real), real, NAME, Target.parse(args.target))
-    print(f"[plan] recommended tp {plan.recommended_tp}; {plan.per_core_bytes['total'] / 2**30:.1f} GiB per core; "
-          f"roofline {plan.roofline_tok_per_s} tok/s, measured {plan.measured_tok_per_s} tok/s")
+    real = load_config(args.model_dir or NAME)
+    capacity = plan_capacity(describe(real), real, NAME, Target.parse(args.target))
+    tp = chosen_tp(args, capacity)
+    print(f"[plan] recommended tp {capacity.recommended_tp}, using tp {tp}; "
+          f"{capacity.per_core_bytes['total'] / 2**30:.1f} GiB per core; "
+          f"roofline {capacity.roofline_tok_per_s} tok/s, measured {capacity.measured_tok_per_s} tok/s")
 
     # 3. Load the weights and make sure no buffer was lost (Gemma-4's per-layer scalar is a buffer, not a parameter).
-    model, source_info = load_checked(NAME, args.model_dir)
+    model, source = load_checked(NAME, args.model_dir)
 
-    # 4. No sharding: E2B fits one core.  5. The KV store the graphs will carry.
-    kv_len = 256
-    store = kv_store_spec(layout, kv_len)
+    # 4. Shard: at tp 1 every rank plan is the whole model; the setup is still what every later step uses.
+    setup = RankSetup.for_layout(layout, tp)
+    print(f"[shard] tp {setup.tp}: KV heads per owner layer {sorted(set(setup.plan.local_kv_heads(0).values()))}")
+
+    # 5. Graphs: a prefill graph for the 32-token bucket and a decode graph over a 256-slot store.
+    shape = PortShape(buckets=32, kv_lens=256)
+    store = shape.stores(layout, setup.plan.local_kv_heads(0)).specs[256]
     print(f"[graphs] KV store {store.total_bytes(1, 4):,} B (owners only, rings of {layout.sliding_window}) "
-          f"vs {naive_kv_bytes(layout, kv_len, 1, 4):,} B if every layer kept a full-length cache")
+          f"vs {naive_kv_bytes(layout, 256, 1, 4):,} B if every layer kept a full-length cache")
 
-    # 6. Compile both graphs and write the verified artifact (atomically).
+    # 6. Compile: the rank builds those graphs over its model, the backend compiles them, and the
+    #    verified artifact is written atomically.
     out = artifact_dir(args, "gemma4_e2b_")
-    manifest = compile_artifact(model, out, source_info, buckets=(32,), kv_lens=(kv_len,), backend=args.backend,
-                                tokenizer_dir=args.model_dir)
+    manifest = write_artifact(out, model, source, setup, shape, backend=args.backend, tokenizer_dir=args.model_dir)
     print(f"[compile] {len(manifest['files'])} files in {out}, weights fingerprint {manifest['weights_fingerprint'][:16]}…")
 
-    # 7-8. Reload it the way a server will (a fresh process, the directory alone), check it against HF
-    #      on CPU, then serve it with --serve (OpenAI-compatible API).
+    # 7-8. Reload it the way a server will (a fresh process, the directory alone), check it against
+    #      Hugging Face on CPU, then serve it with --serve (OpenAI-compatible API).
     return validate_then_serve(out, args)
 
 

@@ -13,16 +13,17 @@ the classic "4-vs-8 repeat_kv" bug). KV sharing works as on E2B: layers 0-23 own
 from __future__ import annotations
 
 from neuron_port import describe, load_config
-from neuron_port.compiled import compile_artifact
+from neuron_port.artifact_writer import write_artifact
 from neuron_port.planner import Target, plan_capacity
-from neuron_port.recipe import artifact_dir, load_checked, recipe_parser, validate_then_serve
-from neuron_port.sharding import plan_model
+from neuron_port.ranks import RankSetup
+from neuron_port.recipe import artifact_dir, chosen_tp, load_checked, recipe_parser, validate_then_serve
+from neuron_port.shapes import PortShape
 
 NAME = "gemma-4-e4b"
 
 
 def main() -> int:
-    args = recipe_parser(__doc__.splitlines()[0], tp=2).parse_args()
+    args = recipe_parser(__doc__.splitlines()[0]).parse_args()
 
     # 1. Describe: 42 layers, owners 0-23, 8 q / 2 kv heads everywhere.
     config = load_config(args.model_dir or NAME, tiny=args.model_dir is None)
@@ -30,31 +31,35 @@ def main() -> int:
     print(f"[describe] {layout.num_layers} layers, {len(layout.kv_owners)} KV owners, "
           f"heads {sorted({(s.n_q, s.n_kv) for s in layout.layers})}")
 
-    # 2. Plan at the real dimensions: why one core is not enough.
+    # 2. Plan at the real dimensions: why one core is not enough, and the degree that fits.
     real = load_config(args.model_dir or NAME)
-    plan = plan_capacity(describe(real), real, NAME, Target.parse(args.target))
-    print(f"[plan] recommended tp {plan.recommended_tp}")
-    for reason in plan.reasons:
+    capacity = plan_capacity(describe(real), real, NAME, Target.parse(args.target))
+    tp = chosen_tp(args, capacity)
+    print(f"[plan] recommended tp {capacity.recommended_tp}, using tp {tp}")
+    for reason in capacity.reasons:
         print(f"       - {reason}")
 
     # 3. Load, buffers checked.
     model, source = load_checked(NAME, args.model_dir)
 
     # 4. Shard: the plan every rank follows (q heads, the KV heads they need, the repeat factor).
-    shard_plan = plan_model(layout, args.tp)
-    first = shard_plan.layers[0].plan
-    for rank in first.ranks:
+    #    This setup is the one every rank below receives; nothing plans again.
+    setup = RankSetup.for_layout(layout, tp)
+    for rank in setup.plan.layers[0].plan.ranks:
         print(f"[shard] rank {rank.rank}: q heads {list(rank.q_heads)} -> kv heads {list(rank.kv_heads)}, groups {rank.groups}")
 
-    # 5-6. Each rank (a gloo process here) shards the model, builds its graphs over its own KV
-    #      store, traces them with the all-reduce inside, and the artifact is written atomically.
+    # 5. Graphs: each rank's prefill (bucket 32) and decode graphs run over its own KV store.
+    shape = PortShape(buckets=32, kv_lens=256)
+    per_rank = [shape.stores(layout, setup.plan.local_kv_heads(r)).specs[256].total_bytes(1, 4) for r in range(tp)]
+    print(f"[graphs] KV store per rank {per_rank} B")
+
+    # 6. Compile: each rank (a gloo process) takes its shard, builds those graphs, traces them with
+    #    the all-reduce inside, and the artifact is written atomically.
     out = artifact_dir(args, "gemma4_e4b_")
-    manifest = compile_artifact(model, out, source, buckets=(32,), kv_lens=(256,), tp=args.tp, backend=args.backend,
-                                tokenizer_dir=args.model_dir)
+    manifest = write_artifact(out, model, source, setup, shape, backend=args.backend, tokenizer_dir=args.model_dir)
     print(f"[compile] tp {manifest['tp']}: {len(manifest['files'])} files in {out}")
 
-    # 7. Reload in a fresh process (the ranks load their own graphs), check against HF on CPU, then
-    #    serve with --serve.
+    # 7-8. Reload in a fresh process (the ranks load their own graphs) and check against Hugging Face on CPU.
     return validate_then_serve(out, args)
 
 

@@ -1,13 +1,15 @@
-"""Llama (and Qwen3) over two NeuronCores (TP=2) — the same port, a different family.
+"""Llama (and Qwen3) — the same port, a different family.
 
 Nothing in the library is Gemma-shaped: a family adapter (``neuron_port.families``) names the
 Hugging Face attributes, and every step below is the one the Gemma-4 recipes take. Llama-3.2-1B
 is plain GQA: 32 query heads share 8 KV heads, every layer is full attention and owns its KV.
+It fits one core, so the planner recommends tp 1; ``--tp 2`` or ``--tp 4`` shards it anyway.
 The tiny variant keeps the 4:1 ratio with 8 q / 2 kv heads, so at TP=4 there are fewer KV heads
 than ranks and each KV head is replicated on two ranks. ``--name qwen3`` runs the same story
 on Qwen3 (q/k norms per head, 2 query heads per KV head).
 
-    python examples/port_llama.py                       # tiny random weights, 2 gloo ranks on the CPU
+    python examples/port_llama.py                       # tiny random weights, the planner's tp
+    python examples/port_llama.py --tp 2                # 2 gloo ranks on the CPU
     python examples/port_llama.py --name qwen3 --tp 4   # Qwen3, KV heads fewer than ranks
     python examples/port_llama.py --model-dir DIR       # real weights
 """
@@ -15,14 +17,15 @@ on Qwen3 (q/k norms per head, 2 query heads per KV head).
 from __future__ import annotations
 
 from neuron_port import describe, load_config
-from neuron_port.compiled import compile_artifact
+from neuron_port.artifact_writer import write_artifact
 from neuron_port.planner import Target, plan_capacity
-from neuron_port.recipe import artifact_dir, load_checked, recipe_parser, validate_then_serve
-from neuron_port.sharding import plan_model
+from neuron_port.ranks import RankSetup
+from neuron_port.recipe import artifact_dir, chosen_tp, load_checked, recipe_parser, validate_then_serve
+from neuron_port.shapes import PortShape
 
 
 def main() -> int:
-    parser = recipe_parser(__doc__.splitlines()[0], tp=2)
+    parser = recipe_parser(__doc__.splitlines()[0])
     parser.add_argument("--name", default="llama", choices=["llama", "qwen3"], help="which shipped family config")
     args = parser.parse_args()
 
@@ -34,26 +37,32 @@ def main() -> int:
 
     # 2. Plan at the real dimensions.
     real = load_config(args.model_dir or args.name)
-    plan = plan_capacity(describe(real), real, args.name, Target.parse(args.target))
-    print(f"[plan] recommended tp {plan.recommended_tp}; {plan.per_core_bytes['total'] / 2**30:.2f} GiB per core at tp {plan.tp}")
+    capacity = plan_capacity(describe(real), real, args.name, Target.parse(args.target))
+    tp = chosen_tp(args, capacity)
+    print(f"[plan] recommended tp {capacity.recommended_tp}, using tp {tp}; "
+          f"{capacity.per_core_bytes['total'] / 2**30:.2f} GiB per core at tp {capacity.tp}")
 
     # 3. Load, buffers checked (Llama and Qwen3 declare no per-layer buffers; the audit still runs).
     model, source = load_checked(args.name, args.model_dir)
 
     # 4. Shard: the same rule as Gemma-4's. At tp 2 the KV heads split; at tp 4 (tiny) they replicate.
-    for tp in sorted({args.tp, 4}):
-        heads = plan_model(layout, tp).layers[0].plan
-        print(f"[shard] tp {tp}: {heads.strategy}; " + "; ".join(
-            f"rank {r.rank} q {list(r.q_heads)} -> kv {list(r.kv_heads)}" for r in heads.ranks))
+    setup = RankSetup.for_layout(layout, tp)
+    heads = setup.plan.layers[0].plan
+    print(f"[shard] tp {tp}: {heads.strategy}; " + "; ".join(
+        f"rank {r.rank} q {list(r.q_heads)} -> kv {list(r.kv_heads)}" for r in heads.ranks))
 
-    # 5-6. Each rank shards the model, builds its graphs over its own KV store, traces them with
-    #      the all-reduce inside, and the artifact is written atomically.
+    # 5. Graphs: each rank's prefill (bucket 32) and decode graphs over its own KV store.
+    shape = PortShape(buckets=32, kv_lens=256)
+    per_rank = [shape.stores(layout, setup.plan.local_kv_heads(r)).specs[256].total_bytes(1, 4) for r in range(tp)]
+    print(f"[graphs] KV store per rank {per_rank} B")
+
+    # 6. Compile: each rank takes its shard, builds those graphs, traces them (with the all-reduce
+    #    inside when tp > 1), and the artifact is written atomically.
     out = artifact_dir(args, f"port_{args.name}_")
-    manifest = compile_artifact(model, out, source, buckets=(32,), kv_lens=(256,), tp=args.tp, backend=args.backend,
-                                tokenizer_dir=args.model_dir)
+    manifest = write_artifact(out, model, source, setup, shape, backend=args.backend, tokenizer_dir=args.model_dir)
     print(f"[compile] tp {manifest['tp']}: {len(manifest['files'])} files in {out}")
 
-    # 7. Reload in a fresh process, check against Hugging Face on CPU, then serve with --serve.
+    # 7-8. Reload in a fresh process and check against Hugging Face on CPU, then serve with --serve.
     return validate_then_serve(out, args)
 
 

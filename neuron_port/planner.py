@@ -153,6 +153,78 @@ def _count_device_params(layout: Layout, config: Any, tp: int, embeddings_on_dev
     return total
 
 
+def _rank0_kv_heads(layout: Layout, tp: int) -> dict[int, int] | None:
+    """KV heads per layer on rank 0 (every rank holds as many) at ``tp``; None at tp 1 (all of them)."""
+    return plan_model(layout, tp).local_kv_heads(0) if tp > 1 else None
+
+
+@dataclass(frozen=True)
+class _Sizing:
+    """What every per-core figure depends on besides the degree."""
+
+    layout: Layout
+    config: Any
+    target: Target
+    dtype_bytes: int
+    context: int
+    buckets: tuple[int, ...]
+    batch: int
+    embeddings_on_device: bool
+    graphs_share_weights: bool | None
+
+    def per_core(self, t: int) -> dict[str, int]:
+        """Bytes one core holds at tp ``t``: weights, a second graph's weights, KV, other."""
+        layout, b = self.layout, self.dtype_bytes
+        weights = device_params_per_core(layout, self.config, t, self.embeddings_on_device) * b
+        share = self.graphs_share_weights if self.graphs_share_weights is not None else t > 1
+        kv = kv_store_spec(layout, self.context, kv_heads=_rank0_kv_heads(layout, t)).total_bytes(self.batch, b)
+        widest = max(max(2 * s.intermediate_size // t, (s.n_q + 2 * s.n_kv) * s.head_dim) for s in layout.layers)
+        activations = self.batch * max(self.buckets) * widest * 4 + self.batch * layout.vocab_size * 4
+        return {"weights": weights, "second_graph": 0 if share else weights, "kv": kv, "other": RUNTIME_RESERVE + activations}
+
+    def fits(self, t: int) -> bool:
+        return sum(self.per_core(t).values()) <= self.target.hbm_per_core
+
+
+def _fit_reasons(sizing: _Sizing, chosen: int, cores: dict[str, int], ok: bool, recommended: int | None) -> list[str]:
+    """Why tp 1 does not fit (when it does not), what the chosen degree takes, and no-fit."""
+    target, p, reasons = sizing.target, sizing.layout.params, []
+    if chosen != 1 or not sizing.fits(1):
+        one = sizing.per_core(1)
+        if sum(one.values()) > target.hbm_per_core:
+            reasons.append(
+                f"tp 1 does not fit: {sum(one.values()) / GiB:.1f} GiB per core needed "
+                f"(weights {one['weights'] / GiB:.1f} + second graph {one['second_graph'] / GiB:.1f} + KV {one['kv'] / GiB:.2f} "
+                f"+ other {one['other'] / GiB:.2f}) > {target.hbm_per_core / GiB:.0f} GiB; the model has "
+                f"{p.total / 1e9:.2f} B real parameters ({p.transformer / 1e9:.2f} B in the transformer) — plan from these, "
+                "not from the marketed 'effective' size"
+            )
+    reasons.append(
+        f"tp {chosen}: {sum(cores.values()) / GiB:.2f} GiB per core of {target.hbm_per_core / GiB:.0f} GiB "
+        f"({'fits' if ok else 'does not fit'}); prefill and decode "
+        f"{'share one set of weights (ModelBuilder)' if cores['second_graph'] == 0 else 'each carry the weights (two traced neffs)'}"
+    )
+    if recommended is None:
+        reasons.append(f"no tp up to {target.cores} cores fits {target.name}")
+    return reasons
+
+
+def _host_figures(layout: Layout, b: int, chosen: int, cores: dict[str, int], target: Target) -> tuple[dict[str, int], int, int, list[str]]:
+    """Host RAM of a full and a slim server, compile RAM and swap, with the reasons they raise."""
+    p, reasons = layout.params, []
+    full_bytes = p.total * b + HOST_PROCESS_OVERHEAD
+    slim_bytes = (p.embedding + p.per_layer_embedding) * b + HOST_PROCESS_OVERHEAD
+    compile_ram = int(chosen * cores["weights"] * COMPILER_EXPANSION + p.total * 4)
+    swap = max(0, compile_ram - target.host_ram)
+    if swap:
+        reasons.append(f"compiling at tp {chosen} needs ~{compile_ram / 1e9:.0f} GB of host RAM: add >= {swap / 1e9:.0f} GB of swap")
+    if slim_bytes > target.host_ram:
+        reasons.append(f"even a slim server needs {slim_bytes / GiB:.1f} GiB of host RAM > {target.host_ram / GiB:.0f} GiB")
+    elif full_bytes > target.host_ram:
+        reasons.append(f"a full server needs {full_bytes / GiB:.1f} GiB of host RAM > {target.host_ram / GiB:.0f} GiB: use the slim server")
+    return {"full": full_bytes, "slim": slim_bytes}, compile_ram, swap, reasons
+
+
 def plan_capacity(
     layout: Layout,
     config: Any,
@@ -170,83 +242,29 @@ def plan_capacity(
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, found {dtype!r}")
     b = DTYPE_BYTES[dtype]
+    sizing = _Sizing(layout, config, target, b, context, tuple(buckets), batch, embeddings_on_device, graphs_share_weights)
     valid = [t for t in valid_model_tp(layout) if t <= target.cores]
-
-    def per_core(t: int) -> dict[str, int]:
-        weights = device_params_per_core(layout, config, t, embeddings_on_device) * b
-        share = graphs_share_weights if graphs_share_weights is not None else t > 1
-        second = 0 if share else weights
-        kv_heads = plan_model(layout, t).local_kv_heads(0) if t > 1 else None
-        kv = kv_store_spec(layout, context, kv_heads=kv_heads).total_bytes(batch, b)
-        widest = max(max(2 * s.intermediate_size // t, (s.n_q + 2 * s.n_kv) * s.head_dim) for s in layout.layers)
-        activations = batch * max(buckets) * widest * 4 + batch * layout.vocab_size * 4
-        return {"weights": weights, "second_graph": second, "kv": kv, "other": RUNTIME_RESERVE + activations}
-
-    def fits(t: int) -> bool:
-        return sum(per_core(t).values()) <= target.hbm_per_core
-
-    recommended = next((t for t in valid if fits(t)), None)
+    recommended = next((t for t in valid if sizing.fits(t)), None)
     chosen = tp if tp is not None else (recommended or (valid[-1] if valid else 1))
     if tp is not None and tp not in valid_model_tp(layout):
         plan_model(layout, tp)  # raises the sharding error with the valid degrees
-    cores = per_core(chosen)
+    cores = sizing.per_core(chosen)
     used = sum(cores.values())
     ok = used <= target.hbm_per_core and chosen <= target.cores
-    reasons = []
-    p = layout.params
-    if chosen != 1 or not fits(1):
-        one = per_core(1)
-        if sum(one.values()) > target.hbm_per_core:
-            reasons.append(
-                f"tp 1 does not fit: {sum(one.values()) / GiB:.1f} GiB per core needed "
-                f"(weights {one['weights'] / GiB:.1f} + second graph {one['second_graph'] / GiB:.1f} + KV {one['kv'] / GiB:.2f} "
-                f"+ other {one['other'] / GiB:.2f}) > {target.hbm_per_core / GiB:.0f} GiB; the model has "
-                f"{p.total / 1e9:.2f} B real parameters ({p.transformer / 1e9:.2f} B in the transformer) — plan from these, "
-                "not from the marketed 'effective' size"
-            )
-    reasons.append(
-        f"tp {chosen}: {used / GiB:.2f} GiB per core of {target.hbm_per_core / GiB:.0f} GiB "
-        f"({'fits' if ok else 'does not fit'}); prefill and decode "
-        f"{'share one set of weights (ModelBuilder)' if cores['second_graph'] == 0 else 'each carry the weights (two traced neffs)'}"
-    )
-    if recommended is None:
-        reasons.append(f"no tp up to {target.cores} cores fits {target.name}")
-    kv_heads = plan_model(layout, chosen).local_kv_heads(0) if chosen > 1 else None
-    kv_total = kv_store_spec(layout, context, kv_heads=kv_heads).total_bytes(batch, b) * chosen
-    full_bytes = p.total * b + HOST_PROCESS_OVERHEAD
-    slim_bytes = (p.embedding + p.per_layer_embedding) * b + HOST_PROCESS_OVERHEAD
-    compile_ram = int(chosen * cores["weights"] * COMPILER_EXPANSION + p.total * 4)
-    swap = max(0, compile_ram - target.host_ram)
-    if swap:
-        reasons.append(f"compiling at tp {chosen} needs ~{compile_ram / 1e9:.0f} GB of host RAM: add >= {swap / 1e9:.0f} GB of swap")
-    if slim_bytes > target.host_ram:
-        reasons.append(f"even a slim server needs {slim_bytes / GiB:.1f} GiB of host RAM > {target.host_ram / GiB:.0f} GiB")
-    elif full_bytes > target.host_ram:
-        reasons.append(f"a full server needs {full_bytes / GiB:.1f} GiB of host RAM > {target.host_ram / GiB:.0f} GiB: use the slim server")
-    bytes_per_token = cores["weights"] + cores["kv"]
-    roofline = target.hbm_bw_per_core / bytes_per_token
+    host, compile_ram, swap, host_reasons = _host_figures(layout, b, chosen, cores, target)
     measured = MEASURED.get((model_name, chosen))
     return Plan(
-        model=model_name,
-        target=target.name,
-        dtype=dtype,
-        tp=chosen,
-        recommended_tp=recommended,
-        fits=ok,
-        per_core_bytes={"weights": cores["weights"], "second_graph": cores["second_graph"], "kv": cores["kv"],
-                        "other": cores["other"], "total": used, "capacity": target.hbm_per_core},
-        kv_bytes=kv_total,
+        model=model_name, target=target.name, dtype=dtype, tp=chosen, recommended_tp=recommended, fits=ok,
+        per_core_bytes={**cores, "total": used, "capacity": target.hbm_per_core},
+        kv_bytes=kv_store_spec(layout, context, kv_heads=_rank0_kv_heads(layout, chosen)).total_bytes(batch, b) * chosen,
         kv_bytes_owners_full_length=kv_store_spec(layout, context, ring_buffers=False).total_bytes(batch, b),
         kv_bytes_naive=naive_kv_bytes(layout, context, batch, b),
-        host_ram_bytes={"full": full_bytes, "slim": slim_bytes},
-        compile_host_ram_bytes=compile_ram,
-        swap_recommended_bytes=swap,
-        roofline_tok_per_s=round(roofline, 1),
+        host_ram_bytes=host, compile_host_ram_bytes=compile_ram, swap_recommended_bytes=swap,
+        roofline_tok_per_s=round(target.hbm_bw_per_core / (cores["weights"] + cores["kv"]), 1),
         measured_tok_per_s=measured[0] if measured else None,
         measured_note=measured[1] if measured else None,
-        params=asdict(p),
-        context=context,
-        reasons=reasons,
+        params=asdict(layout.params), context=context,
+        reasons=_fit_reasons(sizing, chosen, cores, ok, recommended) + host_reasons,
     )
 
 

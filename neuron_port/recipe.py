@@ -11,18 +11,25 @@ from pathlib import Path
 from typing import Any
 
 
-def recipe_parser(description: str, tp: int = 1) -> argparse.ArgumentParser:
-    """The standard recipe options: real weights or tiny, backend, TP degree, target, output, lengths, serve."""
+def recipe_parser(description: str, tp: int | None = None) -> argparse.ArgumentParser:
+    """The standard recipe options: real weights or tiny, backend, TP degree, target, output, lengths, serve.
+
+    ``--tp`` defaults to ``tp``; None means the capacity planner's recommendation (see :func:`chosen_tp`)."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model-dir", help="a local model directory with real weights (default: tiny random weights)")
     ap.add_argument("--backend", default="cpu", choices=["cpu", "neuron"])
-    ap.add_argument("--tp", type=int, default=tp, help="tensor-parallel degree")
+    ap.add_argument("--tp", type=int, default=tp, help="tensor-parallel degree (default: the planner's recommendation)")
     ap.add_argument("--target", default="inf2.xlarge", help="planner target (inf2.xlarge, inf2.8xlarge, custom:...)")
     ap.add_argument("--out", help="directory for the artifact (default: a temporary one)")
     ap.add_argument("--prompt-len", type=int, default=24)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--serve", action="store_true", help="serve the artifact over HTTP afterwards")
     return ap
+
+
+def chosen_tp(args: argparse.Namespace, capacity: Any) -> int:
+    """``--tp`` when given, else the degree the capacity plan recommends (else the one it planned at)."""
+    return int(args.tp or capacity.recommended_tp or capacity.tp)
 
 
 def load_checked(name: str, model_dir: str | None) -> tuple[Any, dict[str, Any]]:
@@ -41,10 +48,11 @@ def load_checked(name: str, model_dir: str | None) -> tuple[Any, dict[str, Any]]
 
 def validate_and_report(artifact: str | Path, prompt_len: int, max_new_tokens: int) -> dict[str, Any]:
     """Reload the artifact in a fresh process, compare with Hugging Face on CPU, print ``SEQ_MATCH``."""
-    from neuron_port.compiled import check_in_fresh_process
+    from neuron_port.validation import check_in_fresh_process
 
     result = check_in_fresh_process(artifact, prompt_len, max_new_tokens)
-    print(f"[validate] {result['new_tokens']} tokens, decode {result['decode_tok_per_s']} tok/s")
+    print(f"[reload] a fresh process loaded {result['artifact']} (backend {result['backend']}, tp {result['tp']})")
+    print(f"[check] {result['new_tokens']} tokens against Hugging Face generate, decode {result['decode_tok_per_s']} tok/s")
     print(f"SEQ_MATCH {result['seq_match']}")
     return result
 
@@ -72,4 +80,4 @@ def serve_artifact(artifact: str | Path, host: str = "127.0.0.1", port: int = 80
     serve(build_app(lambda: load_served(str(artifact))), host=host, port=port)
 
 
-__all__ = ["recipe_parser", "load_checked", "artifact_dir", "validate_and_report", "validate_then_serve", "serve_artifact"]
+__all__ = ["recipe_parser", "chosen_tp", "load_checked", "artifact_dir", "validate_and_report", "validate_then_serve", "serve_artifact"]
