@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from neuron_port.errors import NeuronPortError
+from neuron_port.families import DecoderFamily, family_for
 
 SAMPLE_TEXTS = ("hello world", "the capital of france is paris", "water and fire")
 UNK_FLOOD = 0.2
@@ -81,10 +82,7 @@ def _files(directory: Path, is_artifact: bool) -> Check:
     return Check("files", "pass", f"{', '.join(want)} present")
 
 
-def _tokenizer(directory: Path, config) -> Check:
-    from neuron_port.families import family_for
-
-    family = family_for(config.model_type)
+def _tokenizer(directory: Path, config, family: DecoderFamily) -> Check:
     problems = tokenizer_problems(directory, family.vocab_size(config), family.special_ids(config).bos)
     if problems:
         return Check("tokenizer", "fail", "; ".join(problems),
@@ -92,16 +90,12 @@ def _tokenizer(directory: Path, config) -> Check:
     return Check("tokenizer", "pass", "round trip, no <unk> flood, BOS present, vocabulary fits the model")
 
 
-def _weights(directory: Path, config) -> tuple[Check, dict[str, torch.Tensor] | None]:
-    from neuron_port.families import family_for
-    from neuron_port.models import read_checkpoint
+def _weights(directory: Path, config, family: DecoderFamily) -> tuple[Check, dict[str, torch.Tensor] | None]:
+    from neuron_port.models import checkpoint_state, read_checkpoint
 
-    family = family_for(config.model_type)
     state = read_checkpoint(directory, family)
     with torch.device("meta"):
         model = family.causal_lm_class(config.model_type)(config)
-    from neuron_port.models import checkpoint_state
-
     expected = {k: tuple(v.shape) for k, v in checkpoint_state(model, clone=False).items()}
     params = {n for n, _ in model.named_parameters()}
     missing = sorted(k for k in expected if k in params and k not in state)
@@ -117,10 +111,7 @@ def _weights(directory: Path, config) -> tuple[Check, dict[str, torch.Tensor] | 
     return Check("weights", "pass", f"{len(state)} tensors match the config's shapes"), state
 
 
-def _buffers(state: dict[str, torch.Tensor], config) -> Check:
-    from neuron_port.families import family_for
-
-    family = family_for(config.model_type)
+def _buffers(state: dict[str, torch.Tensor], config, family: DecoderFamily) -> Check:
     defaults = family.buffer_defaults()
     names = family.layer_buffer_names()
     if not names:
@@ -153,36 +144,34 @@ def _artifact(directory: Path) -> Check:
     return Check("artifact", "pass", f"manifest verified ({len(manifest['files'])} files, backend {manifest['backend']}, tp {manifest['tp']})")
 
 
-def _probe_prompt(config, bucket: int) -> list[int]:
+def _probe_prompt(config, family: DecoderFamily, bucket: int) -> list[int]:
     """BOS (the config's, when the family has one) then consecutive ordinary ids, within ``bucket``."""
-    from neuron_port.families import family_for
-
-    bos = family_for(config.model_type).special_ids(config).bos
+    bos = family.special_ids(config).bos
     head = [bos] if bos is not None else []
     return head + list(range(4, 4 + min(11, bucket - len(head))))
 
 
-def _port_model_dir(directory: Path, config, tokens: int) -> Check:
+def _port_model_dir(directory: Path, config, family: DecoderFamily, tokens: int) -> Check:
     from neuron_port.generation import generate
     from neuron_port.models import load_model_dir
     from neuron_port.oracle import reference_generate
     from neuron_port.shapes import PortShape
 
     model = load_model_dir(directory)
-    prompt = _probe_prompt(config, 16)
+    prompt = _probe_prompt(config, family, 16)
     ref = reference_generate(model, prompt, tokens)
     got = generate(model, [prompt], tokens, shape=PortShape([16], 64)).tokens[0]
     return _port_verdict(got, ref)
 
 
-def _port_artifact(directory: Path, config, tokens: int) -> Check:
+def _port_artifact(directory: Path, config, family: DecoderFamily, tokens: int) -> Check:
     from neuron_port.artifact import read_manifest
     from neuron_port.artifact_reader import reference_model
     from neuron_port.generation import generate
     from neuron_port.oracle import reference_generate
 
     manifest = read_manifest(directory)  # the artifact check, which runs first, verified it
-    prompt = _probe_prompt(config, max(manifest["buckets"]))
+    prompt = _probe_prompt(config, family, max(manifest["buckets"]))
     got = generate(directory, [prompt], tokens, manifest=manifest).tokens[0]
     ref = reference_generate(reference_model(manifest), prompt, tokens)
     return _port_verdict(got, ref)
@@ -211,21 +200,22 @@ def run_doctor(directory: str | Path, tokens: int = 8) -> list[Check]:
     except NeuronPortError as exc:
         checks.append(Check("config", "fail", str(exc), "config.json must be a config of a supported family (neuron_port.families.supported_model_types())"))
         return checks
-    checks.append(_tokenizer(directory, config))
+    family = family_for(config.model_type)
+    checks.append(_tokenizer(directory, config, family))
     state = None
     if is_artifact:
         checks.append(Check("weights", "skip", "artifact: weights are covered by the manifest's file hashes"))
         checks.append(Check("buffers", "skip", "artifact: buffers are inside the compiled graphs"))
         checks.append(_artifact(directory))
     else:
-        weights, state = _weights(directory, config)
+        weights, state = _weights(directory, config, family)
         checks.append(weights)
-        checks.append(_buffers(state, config) if state is not None else Check("buffers", "skip", "weights failed"))
+        checks.append(_buffers(state, config, family) if state is not None else Check("buffers", "skip", "weights failed"))
         checks.append(Check("artifact", "skip", "not an artifact directory"))
     if any(c.status == "fail" for c in checks):
         checks.append(Check("port", "skip", "an earlier check failed; fix it first (it is cheaper)"))
     else:
-        checks.append((_port_artifact if is_artifact else _port_model_dir)(directory, config, tokens))
+        checks.append((_port_artifact if is_artifact else _port_model_dir)(directory, config, family, tokens))
     return checks
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from neuron_port.families import family_for, family_of
+from neuron_port.families import DecoderFamily, family_for, family_of
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,11 @@ class Layout:
     def owner_specs(self) -> list[LayerSpec]:
         return [self.layers[i] for i in self.kv_owners]
 
+    @property
+    def family(self) -> DecoderFamily:
+        """The family adapter of this layout's model type."""
+        return family_for(self.model_type)
+
 
 def count_params(config: Any) -> ParamAccount:
     """Parameter account of a text config, built on the meta device (nothing allocated)."""
@@ -140,7 +145,7 @@ def _layout_from_config(config: Any) -> Layout:
 
 def check_model(layout: Layout, model: nn.Module) -> list[str]:
     """Compare the config's claims with the modules; one sentence per disagreement."""
-    family = family_for(layout.model_type)
+    family = layout.family
     found: list[str] = []
     layers = family.decoder_layers(model)
     if len(layers) != layout.num_layers:

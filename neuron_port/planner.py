@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 
-from neuron_port.families import family_for
 from neuron_port.kvcache import kv_store_spec, naive_kv_bytes
 from neuron_port.layout import Layout
 from neuron_port.sharding import plan_model, valid_model_tp
@@ -123,7 +122,7 @@ def device_params_per_core(layout: Layout, config: Any, tp: int, embeddings_on_d
 
 
 def _count_device_params(layout: Layout, config: Any, tp: int, embeddings_on_device: bool) -> int:
-    family = family_for(layout.model_type)
+    family = layout.family
     with torch.device("meta"):
         model = family.causal_lm_class(layout.model_type)(config)
     plan = plan_model(layout, tp) if tp > 1 else None

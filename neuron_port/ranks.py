@@ -25,7 +25,7 @@ from typing import Any, Callable, Literal
 import torch
 from torch import nn
 
-from neuron_port.families import DecoderFamily, family_for
+from neuron_port.families import DecoderFamily
 from neuron_port.layout import Layout
 from neuron_port.models import load_model_dir, save_model_dir
 from neuron_port.parallel import Reduce, identity_reduce, run_gloo, run_in_process
@@ -81,7 +81,7 @@ class Rank:
 
     @property
     def family(self) -> DecoderFamily:
-        return family_for(self.layout.model_type)
+        return self.layout.family
 
     @property
     def local_kv_heads(self) -> dict[int, int]:

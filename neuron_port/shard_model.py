@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neuron_port.families import family_for
 from neuron_port.layout import Layout
 from neuron_port.parallel import Reduce, identity_reduce
 from neuron_port.sharding import ModelShardPlan, column_split, head_columns, head_rows, row_split
@@ -72,7 +71,7 @@ def shard_model(
     """
     tp = plan.tp
     shard = model if inplace else copy.deepcopy(model)
-    family = family_for(layout.model_type)
+    family = layout.family
     for spec, layer, lplan in zip(layout.layers, family.decoder_layers(shard), plan.layers):
         heads = lplan.plan.ranks[rank]
         d = spec.head_dim

@@ -43,6 +43,24 @@ def test_tp2_compile_then_generate_in_a_fresh_process(tmp_path):
     assert res.returncode == 0, res.stderr
     d = json.loads(res.stdout)
     assert d["seq_match"] is True and d["new_tokens"] == 32 and d["tokens"] == d["reference_tokens"]
+    pytest.importorskip("fastapi")
+    from neuron_port.errors import NeuronPortError
+    from neuron_port.serve import load_served
+
+    with pytest.raises(NeuronPortError, match="tp 2 artifact is not supported"):  # rank 0 alone would be wrong
+        load_served(str(out))
+
+
+def test_fresh_process_check_returns_data_and_names_the_childs_failure(e2b_artifact, tmp_path):
+    from neuron_port.artifact import ArtifactError
+    from neuron_port.validation import check_in_fresh_process
+
+    result = check_in_fresh_process(e2b_artifact, prompt_len=12, max_new_tokens=6)
+    assert result["seq_match"] is True and result["tokens"] == result["reference_tokens"] and len(result["tokens"]) == 6
+    broken = _copy(e2b_artifact, tmp_path)
+    (broken / "rank0" / "decode_64.pt").write_bytes(b"not a graph")
+    with pytest.raises(ArtifactError, match="fresh-process check failed: ArtifactError: .*decode_64.pt"):
+        check_in_fresh_process(broken, prompt_len=12, max_new_tokens=6)
 
 
 def test_loaded_artifact_equals_the_in_process_port(e2b_artifact):

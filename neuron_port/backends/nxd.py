@@ -34,7 +34,6 @@ from torch import nn
 from neuron_port.backends.sdk import require_backend
 from neuron_port.buffers import persistent_buffers
 from neuron_port.errors import ShardingError
-from neuron_port.families import family_for
 from neuron_port.models import checkpoint_state
 from neuron_port.parallel import CHILD_ENV, is_tp_child
 from neuron_port.ranks import RankSetup
@@ -61,7 +60,7 @@ def nxd_checkpoint(model: nn.Module, setup: RankSetup, layer_dtype: torch.dtype 
     state = checkpoint_state(model)
     for name, buf in persistent_buffers(model).items():
         state[name] = buf.detach().clone()  # NxD loads parameters only: carry the buffers explicitly
-    family = family_for(layout.model_type)
+    family = layout.family
     for spec, layer in zip(layout.layers, family.decoder_layers(model)):
         proj = family.attention_projections(family.attention(layer))
         for role in ("k", "v"):
@@ -85,7 +84,7 @@ def parallelize_for_nxd(model: nn.Module, setup: RankSetup, dtype: torch.dtype =
     from neuronx_distributed.parallel_layers import ColumnParallelLinear, RowParallelLinear
 
     layout, plan, tp = setup.layout, setup.plan, setup.tp
-    family = family_for(layout.model_type)
+    family = layout.family
     h = layout.hidden_size
     for spec, layer in zip(layout.layers, family.decoder_layers(model)):
         heads = plan.layers[spec.index].plan

@@ -66,9 +66,8 @@ class ChatFormat:
         return text
 
 
-def chat_format(model_type: str, tokenizer: Any, directory: str | Path | None) -> ChatFormat:
+def chat_format(family: DecoderFamily, tokenizer: Any, directory: str | Path | None) -> ChatFormat:
     """The chat format of a model: its tokenizer files first, its family adapter second."""
-    family = family_for(model_type)
     settings = tokenizer_config(directory)
     template = settings.get("chat_template") if isinstance(settings.get("chat_template"), str) else None
     names = [t for t in (_token_text(settings.get("eos_token")), *family.chat_stop_tokens) if t]

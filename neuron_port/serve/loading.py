@@ -107,7 +107,7 @@ def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = Fal
                     pad_prompt=(pad,))
     name = path.name if path.is_dir() else target
     return Served(name, engine, tokenizer, family.vocab_size(config), bos_prefix(tokenizer, special.bos), special.eos,
-                  max(port.buckets), port.buckets, chat_format(config.model_type, tokenizer, path if path.is_dir() else None))
+                  max(port.buckets), port.buckets, chat_format(family, tokenizer, path if path.is_dir() else None))
 
 
 __all__ = ["Served", "load_served"]

@@ -1,0 +1,57 @@
+"""The server's parts without a server: chat formats from the model's own files, BOS, stop tokens."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from tokenizers import Tokenizer, models, pre_tokenizers, processors  # noqa: E402
+
+from neuron_port.families import family_for  # noqa: E402
+from neuron_port.localdir import build_tokenizer  # noqa: E402
+from neuron_port.serve.chat import bos_prefix, chat_format, gemma_chat_prompt  # noqa: E402
+
+MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+
+
+def test_the_family_default_applies_without_tokenizer_files():
+    tok = build_tokenizer(512)
+    fmt = chat_format(family_for("gemma4_text"), tok, None)
+    assert fmt.render(MESSAGES) == "<start_of_turn>user\nbe brief\n\nhello<end_of_turn>\n<start_of_turn>model\n"
+    assert fmt.render(MESSAGES) == gemma_chat_prompt(MESSAGES)
+    assert fmt.stop_ids == (tok.token_to_id("<end_of_turn>"),)
+    llama = chat_format(family_for("llama"), tok, None)
+    assert llama.render(MESSAGES[1:]).endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert llama.stop_ids == ()  # the demo tokenizer has no <|eot_id|>: nothing to stop on, nothing invented
+    assert "<|im_start|>assistant\n" in chat_format(family_for("qwen3"), tok, None).render(MESSAGES)
+
+
+def test_the_tokenizer_config_template_and_eos_win(tmp_path):
+    tok = build_tokenizer(512)
+    template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}[model]{% endif %}"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "eos_token": {"content": "<eos>"}}))
+    fmt = chat_format(family_for("gemma4_text"), tok, tmp_path)
+    assert fmt.render(MESSAGES) == "[system] be brief [user] hello [model]"
+    assert fmt.stop_ids == (tok.token_to_id("<eos>"), tok.token_to_id("<end_of_turn>"))
+
+
+def test_a_family_without_a_format_and_no_template_is_a_clear_error():
+    class Plain(type(family_for("llama"))):
+        def chat_prompt(self, messages):
+            return None
+
+    with pytest.raises(ValueError, match="no chat template"):
+        chat_format(Plain(), build_tokenizer(512), None).render(MESSAGES)
+
+
+def test_bos_is_prepended_only_when_the_tokenizer_does_not_add_it():
+    demo = build_tokenizer(512)
+    assert bos_prefix(demo, 2) == [2] and bos_prefix(demo, None) == []
+    adds = Tokenizer(models.WordLevel({"<bos>": 0, "a": 1, "<unk>": 2}, unk_token="<unk>"))
+    adds.pre_tokenizer = pre_tokenizers.Whitespace()
+    adds.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 0)])
+    assert adds.encode("a").ids == [0, 1]
+    assert bos_prefix(adds, 0) == []
