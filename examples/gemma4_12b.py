@@ -17,7 +17,7 @@ from neuron_port import describe, load_config
 from neuron_port.artifact_writer import write_artifact
 from neuron_port.planner import Target, plan_capacity
 from neuron_port.ranks import RankSetup
-from neuron_port.recipe import artifact_dir, chosen_tp, load_checked, recipe_parser, validate_then_serve
+from neuron_port.recipe import artifact_dir, load_checked, recipe_parser, validate_then_serve
 from neuron_port.shapes import PortShape
 
 NAME = "gemma-4-12b"
@@ -34,10 +34,10 @@ def main() -> int:
 
     # 2. Plan at the real dimensions.
     real = load_config(args.model_dir or NAME)
-    capacity = plan_capacity(describe(real), real, NAME, Target.parse(args.target))
-    tp = chosen_tp(args, capacity)
+    capacity = plan_capacity(describe(real), real, NAME, Target.parse(args.target), tp=args.tp)
+    tp = capacity.tp  # --tp, else the recommended degree: the plan shown is the plan used
     print(f"[plan] recommended tp {capacity.recommended_tp}, using tp {tp}; "
-          f"{capacity.per_core_bytes['total'] / 2**30:.1f} GiB per core at tp {capacity.tp}; "
+          f"{capacity.per_core_bytes['total'] / 2**30:.1f} GiB per core; "
           f"roofline {capacity.roofline_tok_per_s} tok/s, measured {capacity.measured_tok_per_s} tok/s")
 
     # 3. Load, buffers checked.
@@ -52,7 +52,7 @@ def main() -> int:
 
     # 5. Graphs: each rank's store holds its share of the sliding KV heads and the replicated full one.
     shape = PortShape(buckets=32, kv_lens=256)
-    per_rank = [shape.stores(layout, setup.plan.local_kv_heads(r)).specs[256].total_bytes(1, 4) for r in range(tp)]
+    per_rank = [stores.specs[256].total_bytes(1, 4) for stores in setup.stores(shape)]
     print(f"[graphs] KV store per rank {per_rank} B")
 
     # 6. Compile: per-rank graphs, traced with the all-reduce inside, written atomically as one artifact.

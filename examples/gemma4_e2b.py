@@ -18,7 +18,7 @@ from neuron_port.artifact_writer import write_artifact
 from neuron_port.kvcache import naive_kv_bytes
 from neuron_port.planner import Target, plan_capacity
 from neuron_port.ranks import RankSetup
-from neuron_port.recipe import artifact_dir, chosen_tp, load_checked, recipe_parser, validate_then_serve
+from neuron_port.recipe import artifact_dir, load_checked, recipe_parser, validate_then_serve
 from neuron_port.shapes import PortShape
 
 NAME = "gemma-4-e2b"
@@ -36,8 +36,8 @@ def main() -> int:
 
     # 2. Plan at the real dimensions: one core in bf16, and the roofline next to the measured rate.
     real = load_config(args.model_dir or NAME)
-    capacity = plan_capacity(describe(real), real, NAME, Target.parse(args.target))
-    tp = chosen_tp(args, capacity)
+    capacity = plan_capacity(describe(real), real, NAME, Target.parse(args.target), tp=args.tp)
+    tp = capacity.tp  # --tp, else the recommended degree: the plan shown is the plan used
     print(f"[plan] recommended tp {capacity.recommended_tp}, using tp {tp}; "
           f"{capacity.per_core_bytes['total'] / 2**30:.1f} GiB per core; "
           f"roofline {capacity.roofline_tok_per_s} tok/s, measured {capacity.measured_tok_per_s} tok/s")
@@ -51,7 +51,7 @@ def main() -> int:
 
     # 5. Graphs: a prefill graph for the 32-token bucket and a decode graph over a 256-slot store.
     shape = PortShape(buckets=32, kv_lens=256)
-    store = shape.stores(layout, setup.plan.local_kv_heads(0)).specs[256]
+    store = setup.stores(shape)[0].specs[256]
     print(f"[graphs] KV store {store.total_bytes(1, 4):,} B (owners only, rings of {layout.sliding_window}) "
           f"vs {naive_kv_bytes(layout, 256, 1, 4):,} B if every layer kept a full-length cache")
 

@@ -16,7 +16,7 @@ from neuron_port import describe, load_config
 from neuron_port.artifact_writer import write_artifact
 from neuron_port.planner import Target, plan_capacity
 from neuron_port.ranks import RankSetup
-from neuron_port.recipe import artifact_dir, chosen_tp, load_checked, recipe_parser, validate_then_serve
+from neuron_port.recipe import artifact_dir, load_checked, recipe_parser, validate_then_serve
 from neuron_port.shapes import PortShape
 
 NAME = "gemma-4-e4b"
@@ -33,8 +33,8 @@ def main() -> int:
 
     # 2. Plan at the real dimensions: why one core is not enough, and the degree that fits.
     real = load_config(args.model_dir or NAME)
-    capacity = plan_capacity(describe(real), real, NAME, Target.parse(args.target))
-    tp = chosen_tp(args, capacity)
+    capacity = plan_capacity(describe(real), real, NAME, Target.parse(args.target), tp=args.tp)
+    tp = capacity.tp  # --tp, else the recommended degree: the plan shown is the plan used
     print(f"[plan] recommended tp {capacity.recommended_tp}, using tp {tp}")
     for reason in capacity.reasons:
         print(f"       - {reason}")
@@ -50,7 +50,7 @@ def main() -> int:
 
     # 5. Graphs: each rank's prefill (bucket 32) and decode graphs run over its own KV store.
     shape = PortShape(buckets=32, kv_lens=256)
-    per_rank = [shape.stores(layout, setup.plan.local_kv_heads(r)).specs[256].total_bytes(1, 4) for r in range(tp)]
+    per_rank = [stores.specs[256].total_bytes(1, 4) for stores in setup.stores(shape)]
     print(f"[graphs] KV store per rank {per_rank} B")
 
     # 6. Compile: each rank (a gloo process) takes its shard, builds those graphs, traces them with

@@ -20,7 +20,7 @@ from neuron_port import describe, load_config
 from neuron_port.artifact_writer import write_artifact
 from neuron_port.planner import Target, plan_capacity
 from neuron_port.ranks import RankSetup
-from neuron_port.recipe import artifact_dir, chosen_tp, load_checked, recipe_parser, validate_then_serve
+from neuron_port.recipe import artifact_dir, load_checked, recipe_parser, validate_then_serve
 from neuron_port.shapes import PortShape
 
 
@@ -37,10 +37,10 @@ def main() -> int:
 
     # 2. Plan at the real dimensions.
     real = load_config(args.model_dir or args.name)
-    capacity = plan_capacity(describe(real), real, args.name, Target.parse(args.target))
-    tp = chosen_tp(args, capacity)
+    capacity = plan_capacity(describe(real), real, args.name, Target.parse(args.target), tp=args.tp)
+    tp = capacity.tp  # --tp, else the recommended degree: the plan shown is the plan used
     print(f"[plan] recommended tp {capacity.recommended_tp}, using tp {tp}; "
-          f"{capacity.per_core_bytes['total'] / 2**30:.2f} GiB per core at tp {capacity.tp}")
+          f"{capacity.per_core_bytes['total'] / 2**30:.2f} GiB per core")
 
     # 3. Load, buffers checked (Llama and Qwen3 declare no per-layer buffers; the audit still runs).
     model, source = load_checked(args.name, args.model_dir)
@@ -53,7 +53,7 @@ def main() -> int:
 
     # 5. Graphs: each rank's prefill (bucket 32) and decode graphs over its own KV store.
     shape = PortShape(buckets=32, kv_lens=256)
-    per_rank = [shape.stores(layout, setup.plan.local_kv_heads(r)).specs[256].total_bytes(1, 4) for r in range(tp)]
+    per_rank = [stores.specs[256].total_bytes(1, 4) for stores in setup.stores(shape)]
     print(f"[graphs] KV store per rank {per_rank} B")
 
     # 6. Compile: each rank takes its shard, builds those graphs, traces them (with the all-reduce

@@ -34,7 +34,7 @@ from neuron_port.families import family_of
 from neuron_port.localdir import write_tokenizer
 from neuron_port.models import checkpoint_state
 from neuron_port.port import Port
-from neuron_port.ranks import Rank, RankSetup, run_ranks
+from neuron_port.ranks import Rank, RankSetup, check_setup_matches, run_ranks
 from neuron_port.runners import save_runners
 from neuron_port.shapes import PortShape
 
@@ -101,6 +101,7 @@ def write_artifact(
             "yet; build with it directly on an Inferentia2 host"
         )
     get_backend(backend)  # fail fast (missing SDK) before any work
+    check_setup_matches(setup, model)
     with atomic_directory(out_dir) as tmp:
         config_dict, embeddings = write_host_files(tmp, model, source, tokenizer_dir)
         ranks = run_ranks(functools.partial(compile_rank, str(tmp), shape, backend, batch), setup, model, mode="gloo")

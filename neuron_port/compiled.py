@@ -25,7 +25,7 @@ from neuron_port.generation import generate
 from neuron_port.layout import describe
 from neuron_port.parallel import identity_reduce
 from neuron_port.port import Port
-from neuron_port.ranks import Rank, RankSetup
+from neuron_port.ranks import RankSetup, make_rank
 from neuron_port.shapes import PortShape
 from neuron_port.validation import check_in_fresh_process
 
@@ -49,7 +49,7 @@ def compile_artifact(
 def load_port(directory: str | Path, rank: int = 0, allow_version_mismatch: bool = False, manifest: dict | None = None) -> Port:
     """Verify an artifact and assemble rank ``rank``'s port from its compiled graphs."""
     manifest = manifest or verify(directory, allow_version_mismatch)
-    return load_rank_port(directory, manifest, Rank(rank, artifact_setup(directory, manifest), identity_reduce))
+    return load_rank_port(directory, manifest, make_rank(artifact_setup(directory, manifest), rank, identity_reduce, None))
 
 
 def generate_from_artifact(directory: str | Path, prompts: list[list[int]], max_new_tokens: int,

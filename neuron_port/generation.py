@@ -16,6 +16,7 @@ reported.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from neuron_port.artifact import ArtifactError, verify
 from neuron_port.artifact_reader import artifact_setup, load_rank_port
 from neuron_port.layout import describe
 from neuron_port.port import Port
-from neuron_port.ranks import Mode, Rank, RankSetup, run_ranks
+from neuron_port.ranks import Mode, Rank, RankSetup, check_setup_matches, run_ranks
 from neuron_port.runtime import GreedyResult, greedy_generate
 from neuron_port.shapes import PortShape, select_bucket
 
@@ -67,6 +68,7 @@ class _Job:
     max_new_tokens: int
     stop_ids: list[int]
     keep_logits: bool
+    crosses_processes: bool = False  # results travel as JSON: logits as lists
 
 
 def _run_port(port: Port, job: _Job) -> dict[str, Any]:
@@ -76,7 +78,7 @@ def _run_port(port: Port, job: _Job) -> dict[str, Any]:
     out = {**result.to_json(), "kv_cache_bytes": port.spec.total_bytes(batch, dtype_bytes), "dtype_bytes": dtype_bytes,
            "kv_cache_bytes_per_layer": {str(k): v for k, v in port.spec.bytes_per_layer(batch, dtype_bytes).items()}}
     if job.keep_logits:
-        out["step_logits"] = [logits.tolist() for logits in result.step_logits]
+        out["step_logits"] = [l.tolist() for l in result.step_logits] if job.crosses_processes else result.step_logits
     return out
 
 
@@ -93,7 +95,7 @@ def _merge(results: list[dict[str, Any]]) -> GenerationResult:
     return GenerationResult(
         tokens=first["tokens"], finish_reasons=first["finish_reasons"], prefill_s=first["prefill_s"],
         decode_s=first["decode_s"], decode_steps=first["decode_steps"], host_s=first["host_s"],
-        step_logits=[torch.tensor(step) for step in first.get("step_logits", [])],
+        step_logits=[torch.as_tensor(step) for step in first.get("step_logits", [])],
         per_rank_kv_cache_bytes=[r["kv_cache_bytes"] for r in results],
         kv_cache_bytes_per_layer=first["kv_cache_bytes_per_layer"], dtype_bytes=first["dtype_bytes"],
         rank_disagreement=any(r["tokens"] != first["tokens"] for r in results[1:]),
@@ -108,7 +110,7 @@ def generate(
     stop_ids: Sequence[int] = (),
     shape: PortShape | None = None,
     setup: RankSetup | None = None,
-    tp: int = 1,
+    tp: int | None = None,
     mode: Mode = "gloo",
     keep_logits: bool = False,
     manifest: dict[str, Any] | None = None,
@@ -117,31 +119,40 @@ def generate(
 
     ``target``: a model, an artifact directory or a built :class:`Port`. For a model, ``shape``
     (prompt buckets, KV lengths; default 32,64,128 / 256) and ``setup`` (the shard plan; default:
-    planned here at ``tp``) say what every rank builds. An artifact brings its own; ``manifest``
-    is one :func:`artifact.verify` already returned for it (otherwise it is verified here).
-    ``keep_logits``: rank 0's raw logits of every step, before the host softcap.
+    planned here at ``tp``, default 1) say what every rank builds; an artifact or a port brings its
+    own, and giving them one is an error. ``manifest``: one :func:`artifact.verify` already returned
+    for an artifact (otherwise it is verified here). ``keep_logits``: rank 0's raw logits of every
+    step, before the host softcap.
     """
     job = _Job([list(p) for p in prompts], int(max_new_tokens), list(stop_ids), keep_logits)
-    if isinstance(target, Port):
-        return _merge([_run_port(target, job)])
     if isinstance(target, nn.Module):
         shape = shape or PortShape((32, 64, 128), 256)
         select_bucket(max(len(p) for p in job.prompts), shape.buckets)  # fail before any work
         setup = _setup_for(target, setup, tp)
+        job = dataclasses.replace(job, crosses_processes=setup.tp > 1 and mode == "gloo")
         return _merge(run_ranks(functools.partial(_model_rank, shape, job), setup, target, mode))
+    if shape is not None or setup is not None or tp is not None:
+        raise ValueError("shape, setup and tp describe what to build over a model; a port or an artifact brings its own")
+    if isinstance(target, Port):
+        return _merge([_run_port(target, job)])
     manifest = manifest or verify(target)
     if int(manifest["batch"]) != len(job.prompts):
         raise ArtifactError(f"field batch: the graphs were compiled for batch {manifest['batch']}, "
                             f"found {len(job.prompts)} prompts")
+    select_bucket(max(len(p) for p in job.prompts), manifest["buckets"])
     setup = artifact_setup(target, manifest)
+    if setup.tp > 1 and mode != "gloo":
+        raise ValueError(f"a tp {setup.tp} artifact's graphs all-reduce over a process group: run it with mode='gloo'")
+    job = dataclasses.replace(job, crosses_processes=setup.tp > 1)
     return _merge(run_ranks(functools.partial(_artifact_rank, str(target), manifest, job), setup, None, mode))
 
 
-def _setup_for(model: nn.Module, setup: RankSetup | None, tp: int) -> RankSetup:
+def _setup_for(model: nn.Module, setup: RankSetup | None, tp: int | None) -> RankSetup:
     if setup is None:
-        return RankSetup.for_layout(describe(model), tp)
-    if tp not in (1, setup.tp):
+        return RankSetup.for_layout(describe(model), tp or 1)
+    if tp is not None and tp != setup.tp:
         raise ValueError(f"tp {tp} disagrees with the setup's shard plan (tp {setup.tp}); pass one of them")
+    check_setup_matches(setup, model)
     return setup
 
 

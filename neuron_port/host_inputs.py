@@ -36,7 +36,7 @@ class HostInputs:
         kv = self.stores.prefill_kv[bucket]
         embeds, per_layer = self.embeddings.embed(ids)
         positions = self._positions[:bucket].expand(ids.shape[0], bucket).contiguous()
-        m_full, m_slide = masks.prefill_masks(lengths, bucket, self.stores.window, self.dtype)
+        m_full, m_slide = masks.prefill_masks(lengths, bucket, self.layout.sliding_window, self.dtype)
         w_full, w_slide = masks.prefill_writes(lengths, bucket, kv, self.stores.rings[kv], self.dtype)
         last = masks.last_token_onehot(lengths, bucket, self.dtype)
         return StepInputs(embeds, per_layer, positions, m_full, m_slide, w_full, w_slide, last)
@@ -45,7 +45,7 @@ class HostInputs:
         """tokens [batch], positions [batch] -> the decode step's inputs at ``kv_len`` (new tensors)."""
         ring = self.stores.rings[kv_len]
         embeds, per_layer = self.embeddings.embed(tokens[:, None])
-        m_full, m_slide = masks.decode_masks(positions, kv_len, self.stores.window, ring, self.dtype)
+        m_full, m_slide = masks.decode_masks(positions, kv_len, self.layout.sliding_window, ring, self.dtype)
         w_full, w_slide = masks.decode_writes(positions, kv_len, ring, self.dtype)
         last = torch.ones((tokens.shape[0], 1), dtype=self.dtype)
         return StepInputs(embeds, per_layer, positions[:, None], m_full, m_slide, w_full, w_slide, last)
@@ -55,7 +55,7 @@ class HostInputs:
         consume them before the next call."""
         key = (int(tokens.shape[0]), kv_len)
         if key not in self._scratch:
-            self._scratch[key] = DecodeScratch(key[0], kv_len, self.stores.rings[kv_len], self.stores.window,
+            self._scratch[key] = DecodeScratch(key[0], kv_len, self.stores.rings[kv_len], self.layout.sliding_window,
                                                self.embeddings, self.dtype)
         return self._scratch[key].fill(tokens, positions)
 

@@ -26,6 +26,7 @@ Formulas (all bytes; ``b`` = bytes per element of the dtype):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -152,6 +153,7 @@ def _count_device_params(layout: Layout, config: Any, tp: int, embeddings_on_dev
     return total
 
 
+@functools.lru_cache(maxsize=64)
 def _rank0_kv_heads(layout: Layout, tp: int) -> dict[int, int] | None:
     """KV heads per layer on rank 0 (every rank holds as many) at ``tp``; None at tp 1 (all of them)."""
     return plan_model(layout, tp).local_kv_heads(0) if tp > 1 else None

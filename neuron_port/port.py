@@ -60,17 +60,13 @@ class Port:
         stores = PortShape(prompt_buckets, kv_lens, ring_buffers).stores(layout, kv_heads)
         graphs = build_graphs(model, stores, kv_expand) if model is not None else None
         if runners is not None:
-            ready = Runners(dict(runners[0]), dict(runners[1]), batch)
+            ready = Runners(dict(runners[0]), dict(runners[1]), batch, compiled=True)
         else:
             ready = eager_runners(graphs)
         self._assemble(layout, stores, embeddings or HostEmbeddings.from_model(model), ready, graphs)
 
     def _assemble(self, layout: Layout, stores: StoreShapes, embeddings: HostEmbeddings, runners: Runners,
                   graphs: GraphSet | None) -> None:
-        self.layout = layout
-        self.stores = stores
-        self.embeddings = embeddings
-        self.dtype = embeddings.word.dtype
         self.inputs = HostInputs(layout, stores, embeddings)
         self.runners = runners
         self.graphs = graphs
@@ -81,7 +77,7 @@ class Port:
         if rank.model is None:
             raise ValueError(f"rank {rank.rank} has no model to build graphs over (an artifact rank: use from_runners)")
         return cls(rank.model, rank.layout, shape.buckets, shape.kv_lens, shape.ring_buffers,
-                   kv_heads=rank.local_kv_heads, kv_expand=rank.kv_expand)
+                   kv_heads=rank.local_kv_heads, kv_expand=rank.kv_expand)  # the stores of setup.stores(shape)[rank]
 
     @classmethod
     def from_runners(cls, layout: Layout, stores: StoreShapes, embeddings: HostEmbeddings, runners: Runners) -> "Port":
@@ -102,7 +98,7 @@ class Port:
     def release_graphs(self) -> None:
         """Drop the graphs (and with them the model they run) once compiled runners replace them:
         a slim host keeps only the runners and the embeddings."""
-        if self.batch is None:
+        if not self.runners.compiled:
             raise ValueError("the runners are still the eager graphs; compile before releasing them")
         self.graphs = None
 
@@ -112,31 +108,29 @@ class Port:
             return self.inputs.example_prefill(size, batch)
         return self.inputs.example_decode(size, batch)
 
-    def example_inputs_prefill(self, bucket: int, batch: int = 1) -> list[torch.Tensor]:
-        """Flat tracing inputs of a prefill graph (step inputs, then the store)."""
-        inputs, store = self.inputs.example_prefill(bucket, batch)
-        return [*inputs, *store]
-
-    def example_inputs_decode(self, kv_len: int, batch: int = 1) -> list[torch.Tensor]:
-        """Flat tracing inputs of a decode graph (step inputs, then the store)."""
-        inputs, store = self.inputs.example_decode(kv_len, batch)
-        return [*inputs, *store]
-
     def check_batch(self, rows: int) -> None:
         """Raise :class:`BucketError` when compiled runners cannot take ``rows`` rows."""
         if self.batch is not None and rows != self.batch:
             raise BucketError(f"the compiled graphs take batch {self.batch}, found {rows} prompts; pad the batch to "
                               f"{self.batch} rows (the server's engine does) or compile with batch={rows}")
 
-    # ---- KV store ----------------------------------------------------------------------------
-    def new_store(self, batch: int, kv_len: int | None = None) -> KVStore:
-        return self.inputs.new_store(batch, kv_len or self.kv_len)
-
-    def grow_store(self, store: KVStore, new_kv: int, last_position: torch.Tensor) -> KVStore:
-        """The store copied into KV length ``new_kv`` (host side, between steps)."""
-        return store.grow(self.specs[new_kv], last_position)
-
     # ---- views -------------------------------------------------------------------------------
+    @property
+    def layout(self) -> Layout:
+        return self.inputs.layout
+
+    @property
+    def stores(self) -> StoreShapes:
+        return self.inputs.stores
+
+    @property
+    def embeddings(self) -> HostEmbeddings:
+        return self.inputs.embeddings
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.inputs.dtype
+
     @property
     def buckets(self) -> list[int]:
         return self.stores.buckets
@@ -192,18 +186,36 @@ class Port:
     def decode_graph(self) -> DecodeGraph:
         return self.decode_graphs[self.kv_len]
 
-    # ---- host inputs (list forms kept for one release) ---------------------------------------
-    def host_inputs_prefill(self, ids: torch.Tensor, lengths: torch.Tensor, bucket: int) -> StepInputs:
-        """ids [batch, bucket] right-padded, lengths [batch] -> the prefill step's inputs."""
-        return self.inputs.prefill(ids, lengths, bucket)
+    # ---- list forms of earlier releases (kept for one release; use ``port.inputs``) -----------
+    def host_inputs_prefill(self, ids: torch.Tensor, lengths: torch.Tensor, bucket: int) -> list[torch.Tensor]:
+        """ids [batch, bucket] right-padded, lengths [batch] -> the prefill step's 8 inputs, as a list."""
+        return list(self.inputs.prefill(ids, lengths, bucket))
 
-    def host_inputs_decode(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int | None = None) -> StepInputs:
-        """tokens [batch], positions [batch] -> the decode step's inputs (fresh tensors)."""
-        return self.inputs.decode_fresh(tokens, positions, kv_len or self.kv_len)
+    def host_inputs_decode(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int | None = None) -> list[torch.Tensor]:
+        """tokens [batch], positions [batch] -> the decode step's 8 inputs (fresh tensors), as a list."""
+        return list(self.inputs.decode_fresh(tokens, positions, kv_len or self.kv_len))
 
-    def decode_inputs(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int | None = None) -> StepInputs:
-        """The decode step's inputs written into preallocated tensors (reused every step)."""
-        return self.inputs.decode(tokens, positions, kv_len or self.kv_len)
+    def decode_inputs(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int | None = None) -> list[torch.Tensor]:
+        """The decode step's 8 inputs written into preallocated tensors (reused every step), as a list."""
+        return list(self.inputs.decode(tokens, positions, kv_len or self.kv_len))
+
+    def example_inputs_prefill(self, bucket: int, batch: int = 1) -> list[torch.Tensor]:
+        """Flat tracing inputs of a prefill graph (step inputs, then the store)."""
+        inputs, store = self.inputs.example_prefill(bucket, batch)
+        return [*inputs, *store]
+
+    def example_inputs_decode(self, kv_len: int, batch: int = 1) -> list[torch.Tensor]:
+        """Flat tracing inputs of a decode graph (step inputs, then the store)."""
+        inputs, store = self.inputs.example_decode(kv_len, batch)
+        return [*inputs, *store]
+
+    def new_store(self, batch: int, kv_len: int | None = None) -> list[torch.Tensor]:
+        """A zeroed store in graph order, as a list (``port.inputs.new_store`` gives a KVStore)."""
+        return self.inputs.new_store(batch, kv_len or self.kv_len).tensors()
+
+    def grow_store(self, store: list[torch.Tensor], old_kv: int, new_kv: int, last_position: torch.Tensor) -> list[torch.Tensor]:
+        """A store (list form) at ``old_kv`` copied into ``new_kv`` (see :meth:`KVStore.grow`)."""
+        return KVStore.from_tensors(self.specs[old_kv], store).grow(self.specs[new_kv], last_position).tensors()
 
 
 __all__ = ["Port", "select_bucket", "GreedyResult", "greedy_generate"]

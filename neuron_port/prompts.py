@@ -1,12 +1,14 @@
 """Prompts as token ids: seeded random ones for random-weight checks, or text through a tokenizer.
 
-Both put the family's BOS first when it has one (taken from the config, never a literal), so
-the port and the Hugging Face reference always see the same ids.
+Both put the family's BOS first when it has one (taken from the config, never a literal) and
+the tokenizer does not add it itself (:func:`bos_prefix`), so the port and the Hugging Face
+reference always see the same ids, and never two BOS.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -21,6 +23,14 @@ class PromptError(NeuronPortError, ValueError):
     """A prompt that cannot be built as asked."""
 
 
+def bos_prefix(tokenizer: Any, bos_id: int | None) -> list[int]:
+    """``[bos_id]`` unless there is none or the tokenizer already starts every encoding with it."""
+    if bos_id is None:
+        return []
+    probe = tokenizer.encode("a").ids if tokenizer is not None else []
+    return [] if probe[:1] == [bos_id] else [bos_id]
+
+
 def random_prompt(vocab_size: int, length: int, seed: int = 0, bos: int | None = None) -> list[int]:
     """``length`` seeded random ids (from the generator seeded ``seed + 1000``); BOS first when given."""
     if length < 1:
@@ -33,12 +43,13 @@ def random_prompt(vocab_size: int, length: int, seed: int = 0, bos: int | None =
 
 
 def text_prompt(tokenizer_dir: str | Path, text: str, bos: int | None = None) -> list[int]:
-    """``text`` tokenised with ``tokenizer_dir``'s tokenizer.json; BOS first when given."""
+    """``text`` tokenised with ``tokenizer_dir``'s tokenizer.json; BOS first when given and the
+    tokenizer does not add it."""
     tok = load_tokenizer(tokenizer_dir)
     if tok is None:
         raise PromptError(f"a text prompt needs a tokenizer.json in {tokenizer_dir}; it has none. "
                           "Use --prompt-len N for random prompt tokens.")
-    return ([bos] if bos is not None else []) + tok.encode(text).ids
+    return bos_prefix(tok, bos) + tok.encode(text).ids
 
 
-__all__ = ["PromptError", "random_prompt", "text_prompt"]
+__all__ = ["PromptError", "bos_prefix", "random_prompt", "text_prompt"]

@@ -16,9 +16,9 @@ Porting, compiling, loading artifacts, generating and the doctor are all functio
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -26,9 +26,10 @@ import torch
 from torch import nn
 
 from neuron_port.families import DecoderFamily
-from neuron_port.layout import Layout
+from neuron_port.layout import Layout, describe
 from neuron_port.models import load_model_dir, save_model_dir
 from neuron_port.parallel import Reduce, identity_reduce, run_gloo, run_in_process
+from neuron_port.shapes import PortShape, StoreShapes
 from neuron_port.shard_model import shard_model
 from neuron_port.sharding import ModelShardPlan, plan_model
 
@@ -38,7 +39,7 @@ ModelSource = nn.Module | str | Path | None
 runs compiled graphs from an artifact)."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class RankSetup:
     """What every rank of one run shares: the layout and the shard plan (picklable)."""
 
@@ -54,8 +55,20 @@ class RankSetup:
     def tp(self) -> int:
         return self.plan.tp
 
+    def stores(self, shape: PortShape) -> list[StoreShapes]:
+        """The store shapes every rank builds for ``shape``, in rank order (what its graphs carry)."""
+        return [shape.stores(self.layout, self.plan.local_kv_heads(r)) for r in range(self.tp)]
 
-@dataclass
+
+def check_setup_matches(setup: RankSetup, model: nn.Module) -> None:
+    """Refuse a setup planned for another model (its layout would shard this one wrongly)."""
+    found = describe(model)
+    if dataclasses.replace(found, disagreements=()) != dataclasses.replace(setup.layout, disagreements=()):
+        raise ValueError(f"the setup was planned for another layout ({setup.layout.model_type}, {setup.layout.num_layers} "
+                         f"layers) than the model's ({found.model_type}, {found.num_layers} layers); plan it from this model")
+
+
+@dataclasses.dataclass
 class Rank:
     """One rank of a run, made once and carried: what it is and the model shard it owns.
 
@@ -139,4 +152,4 @@ def run_ranks(fn: Callable[[Rank], Any], setup: RankSetup, model: ModelSource = 
         return run_gloo(functools.partial(_gloo_rank, fn, setup, directory), setup.tp, timeout_s)
 
 
-__all__ = ["RankSetup", "Rank", "Mode", "ModelSource", "make_rank", "run_ranks"]
+__all__ = ["RankSetup", "Rank", "Mode", "ModelSource", "check_setup_matches", "make_rank", "run_ranks"]

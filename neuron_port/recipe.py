@@ -14,7 +14,8 @@ from typing import Any
 def recipe_parser(description: str, tp: int | None = None) -> argparse.ArgumentParser:
     """The standard recipe options: real weights or tiny, backend, TP degree, target, output, lengths, serve.
 
-    ``--tp`` defaults to ``tp``; None means the capacity planner's recommendation (see :func:`chosen_tp`)."""
+    ``--tp`` defaults to ``tp``; None means the capacity planner's recommendation (a recipe plans at
+    ``--tp`` and uses the degree the plan was made at)."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model-dir", help="a local model directory with real weights (default: tiny random weights)")
     ap.add_argument("--backend", default="cpu", choices=["cpu", "neuron"])
@@ -25,11 +26,6 @@ def recipe_parser(description: str, tp: int | None = None) -> argparse.ArgumentP
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--serve", action="store_true", help="serve the artifact over HTTP afterwards")
     return ap
-
-
-def chosen_tp(args: argparse.Namespace, capacity: Any) -> int:
-    """``--tp`` when given, else the degree the capacity plan recommends (else the one it planned at)."""
-    return int(args.tp or capacity.recommended_tp or capacity.tp)
 
 
 def load_checked(name: str, model_dir: str | None) -> tuple[Any, dict[str, Any]]:
@@ -80,4 +76,4 @@ def serve_artifact(artifact: str | Path, host: str = "127.0.0.1", port: int = 80
     serve(build_app(lambda: load_served(str(artifact))), host=host, port=port)
 
 
-__all__ = ["recipe_parser", "chosen_tp", "load_checked", "artifact_dir", "validate_and_report", "validate_then_serve", "serve_artifact"]
+__all__ = ["recipe_parser", "load_checked", "artifact_dir", "validate_and_report", "validate_then_serve", "serve_artifact"]

@@ -29,17 +29,19 @@ class Runners:
 
     ``batch``: the rows they take (None: any, as eager graphs do). ``inplace_kv_writes``: the
     decode runners write the new K/V into the store they are given (CPU TorchScript) instead of
-    returning blended copies (eager and device graphs).
+    returning blended copies (eager and device graphs). ``compiled``: a backend made them (they
+    no longer need the graphs or the model).
     """
 
     prefill: dict[int, Runnable]
     decode: dict[int, Runnable]
     batch: int | None = None
     inplace_kv_writes: bool = False
+    compiled: bool = False
 
     def facts(self) -> dict[str, Any]:
-        """What an artifact's manifest records about them."""
-        return {"batch": self.batch, "inplace_kv_writes": self.inplace_kv_writes}
+        """What an artifact's manifest records about them besides its batch."""
+        return {"inplace_kv_writes": self.inplace_kv_writes}
 
 
 def eager_runners(graphs: GraphSet) -> Runners:
@@ -63,7 +65,7 @@ def compile_graphs(graphs: GraphSet, backend: Any, examples: Examples, batch: in
         inputs, store = examples(kind, size, batch)
         out[kind][size] = backend.compile(graph, [*inputs, *store.tensors()], graph.aliases)
     static = getattr(backend, "static_batch", True)
-    return Runners(out["prefill"], out["decode"], batch if static else None, inplace)
+    return Runners(out["prefill"], out["decode"], batch if static else None, inplace, compiled=True)
 
 
 def runner_file(kind: str, size: int) -> str:
@@ -83,12 +85,12 @@ def save_runners(runners: Runners, backend: Any, rank_dir: Path) -> list[Path]:
     return paths
 
 
-def load_runners(backend: Any, rank_dir: Path, buckets: list[int], kv_lens: list[int], facts: dict[str, Any]) -> Runners:
-    """The runners :func:`save_runners` wrote, with the facts the manifest recorded."""
+def load_runners(backend: Any, rank_dir: Path, buckets: list[int], kv_lens: list[int], batch: int,
+                 facts: dict[str, Any]) -> Runners:
+    """The runners :func:`save_runners` wrote, compiled for ``batch`` rows, with the facts the manifest recorded."""
     prefill = {b: backend.load(rank_dir / runner_file("prefill", b)) for b in buckets}
     decode = {kv: backend.load(rank_dir / runner_file("decode", kv)) for kv in kv_lens}
-    batch = facts.get("batch")
-    return Runners(prefill, decode, int(batch) if batch is not None else None, bool(facts.get("inplace_kv_writes", False)))
+    return Runners(prefill, decode, int(batch), bool(facts.get("inplace_kv_writes", False)), compiled=True)
 
 
 __all__ = ["Runners", "Examples", "eager_runners", "compile_graphs", "runner_file", "save_runners", "load_runners"]

@@ -1,8 +1,8 @@
 """The generation runtime: the host loop between two device graphs.
 
-The loop is made of small steps: :func:`prefill_batch` (pad the prompts into a bucket and run
-the prefill graph), :func:`pick_tokens` (sample every live row and decide its stop), and
-:func:`decode_step` (grow the store when a row outgrows it, run the decode graph). The
+The loop is made of small steps: :func:`pad_prompts` (the prompts in one bucket), the prefill
+step, :func:`pick_tokens` (sample every live row and decide its stop), :func:`grow_if_full`
+(move the store to the next KV length when a row outgrows it) and the decode step. The
 :class:`Generator` strings them together, times them and streams :class:`TokenEvent` s;
 :func:`greedy_generate` is the greedy shortcut over it. The loop works on any object with a
 ``Port``'s step methods; it never imports the port module.
@@ -119,8 +119,8 @@ class _TextState:
 
 
 @dataclass
-class _Row:
-    """One row's decoding state: its parameters, output so far, sampler stream and stop state."""
+class RowState:
+    """One row's decoding state: its parameters, output so far, sampler stream, text and stop state."""
 
     params: GenerationParams
     completion: Completion
@@ -141,7 +141,7 @@ def pad_prompts(prompts: Sequence[Sequence[int]], buckets: Sequence[int], pad_id
     return bucket, ids, torch.tensor([len(p) for p in prompts], dtype=torch.long)
 
 
-def _finish_reason(row: _Row, token: int, hit_stop_string: bool, position: int, kv_len: int, can_grow: bool) -> str | None:
+def _finish_reason(row: RowState, token: int, hit_stop_string: bool, position: int, kv_len: int, can_grow: bool) -> str | None:
     p = row.params
     if token in p.stop_token_ids or hit_stop_string:
         return "stop"
@@ -152,7 +152,7 @@ def _finish_reason(row: _Row, token: int, hit_stop_string: bool, position: int, 
     return None
 
 
-def pick_tokens(rows: list[_Row], logits: torch.Tensor, positions: torch.Tensor, kv_len: int, can_grow: bool,
+def pick_tokens(rows: list[RowState], logits: torch.Tensor, positions: torch.Tensor, kv_len: int, can_grow: bool,
                 softcap: float | None, pad_id: int, cancelled: Callable[[int], bool] | None = None
                 ) -> tuple[torch.Tensor, list[tuple[int, int, int, str, str | None]]]:
     """Sample the next token of every live row from logits [batch, vocab] and settle its stop.
@@ -181,12 +181,12 @@ def pick_tokens(rows: list[_Row], logits: torch.Tensor, positions: torch.Tensor,
     return next_tok, events
 
 
-def grow_if_full(port: "Port", store: "KVStore", positions: torch.Tensor, rows: list[_Row]) -> "KVStore":
+def grow_if_full(port: "Port", store: "KVStore", positions: torch.Tensor, rows: list[RowState]) -> "KVStore":
     """Move the store to the next KV length when a live row's next position does not fit."""
     kv = store.spec.kv_len
     if max(int(positions[r]) for r, row in enumerate(rows) if not row.done) < kv:
         return store
-    return port.grow_store(store, port.stores.next_kv(kv), positions - 1)
+    return store.grow(port.specs[port.stores.next_kv(kv)], positions - 1)
 
 
 class Generator:
@@ -214,7 +214,7 @@ class Generator:
         return run
 
     # ---- the loop ---------------------------------------------------------------------------
-    def _rows(self, prompts: Sequence[Sequence[int]], params: GenerationParams | Sequence[GenerationParams]) -> list[_Row]:
+    def _rows(self, prompts: Sequence[Sequence[int]], params: GenerationParams | Sequence[GenerationParams]) -> list[RowState]:
         batch = len(prompts)
         per_row = list(params) if isinstance(params, (list, tuple)) else [params] * batch
         if len(per_row) != batch:
@@ -224,7 +224,7 @@ class Generator:
         self.port.check_batch(batch)
         if any(p.stop_strings for p in per_row) and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
-        return [_Row(p, Completion(prompt_tokens=len(prompt)),
+        return [RowState(p, Completion(prompt_tokens=len(prompt)),
                      torch.Generator().manual_seed(p.seed if p.seed is not None else 0),
                      _TextState(self.tokenizer, p.stop_strings), list(prompt))
                 for prompt, p in zip(prompts, per_row)]
@@ -252,10 +252,10 @@ class Generator:
         t0 = time.perf_counter()
         bucket, ids, lengths = pad_prompts(prompts, port.buckets, self.pad_id)
         inputs = port.inputs.prefill(ids, lengths, bucket)
-        store = port.new_store(len(rows), port.prefill_kv[bucket])
+        store = port.inputs.new_store(len(rows), port.prefill_kv[bucket])
         step_host = time.perf_counter() - t0
         logits, store, step_graph = _timed_step(port.prefill_runners[bucket], inputs, store)
-        run.prefill_s, run.graph_s = time.perf_counter() - t0, step_graph
+        run.prefill_s, run.graph_s, run.host_s, run.decode_steps = time.perf_counter() - t0, step_graph, 0.0, 0
         positions = lengths.clone()
         t_dec = time.perf_counter()
         while True:
@@ -338,4 +338,4 @@ def greedy_generate(
 
 
 __all__ = ["GenerationParams", "TokenEvent", "Completion", "BatchRun", "Generator", "GreedyResult", "greedy_generate",
-           "pad_prompts", "pick_tokens", "grow_if_full"]
+           "RowState", "pad_prompts", "pick_tokens", "grow_if_full"]

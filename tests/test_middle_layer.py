@@ -113,7 +113,8 @@ def test_a_compiled_artifact_and_a_compiled_port_take_the_same_decode_inputs_and
     manifest = write_artifact(tmp_path / "art", e2b, {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0},
                               RankSetup.for_layout(describe(e2b), 1), shape)
     loaded = load_rank_port(tmp_path / "art", manifest, Rank(0, artifact_setup(tmp_path / "art", manifest), identity_reduce))
-    assert port.runners.facts() == loaded.runners.facts() == manifest["runners"] == {"batch": 1, "inplace_kv_writes": True}
+    assert port.runners.facts() == loaded.runners.facts() == manifest["runners"] == {"inplace_kv_writes": True}
+    assert port.batch == loaded.batch == manifest["batch"] == 1
     tokens, positions = torch.tensor([41]), torch.tensor([23])
     ours, theirs = port.inputs.decode(tokens, positions, 64), loaded.inputs.decode(tokens, positions, 64)
     for name, a, b in zip(INPUT_NAMES, ours, theirs):
@@ -144,6 +145,12 @@ def test_generate_gives_the_same_tokens_from_a_model_a_port_and_an_artifact(e2b,
     assert from_model.per_rank_kv_cache_bytes == from_artifact.per_rank_kv_cache_bytes
     with pytest.raises(ValueError, match="disagrees"):
         generate(e2b, [PROMPT], 4, setup=RankSetup.for_layout(describe(e2b), 1), tp=2)
+    with pytest.raises(ValueError, match="planned for another layout"):
+        generate(e2b, [PROMPT], 4, setup=RankSetup.for_layout(describe(load_config("gemma-4-12b", tiny=True)), 1))
+    with pytest.raises(ValueError, match="brings its own"):
+        generate(tmp_path / "art", [PROMPT], 4, shape=shape)
+    with pytest.raises(BucketError, match="longer than the largest prompt bucket"):
+        generate(tmp_path / "art", [list(range(40))], 4)
 
 
 @pytest.mark.slow

@@ -12,7 +12,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors  # noqa: E4
 
 from neuron_port.families import family_for  # noqa: E402
 from neuron_port.localdir import build_tokenizer  # noqa: E402
-from neuron_port.serve.chat import bos_prefix, chat_format, gemma_chat_prompt  # noqa: E402
+from neuron_port.prompts import bos_prefix, text_prompt  # noqa: E402
+from neuron_port.serve.chat import chat_format, gemma_chat_prompt  # noqa: E402
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
 
@@ -55,3 +56,13 @@ def test_bos_is_prepended_only_when_the_tokenizer_does_not_add_it():
     adds.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 0)])
     assert adds.encode("a").ids == [0, 1]
     assert bos_prefix(adds, 0) == []
+
+
+def test_a_text_prompt_never_gets_two_bos(tmp_path):
+    adds = Tokenizer(models.WordLevel({"<bos>": 0, "a": 1, "<unk>": 2}, unk_token="<unk>"))
+    adds.pre_tokenizer = pre_tokenizers.Whitespace()
+    adds.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 0)])
+    adds.save(str(tmp_path / "tokenizer.json"))
+    assert text_prompt(tmp_path, "a a", bos=0) == [0, 1, 1]
+    build_tokenizer(512).save(str(tmp_path / "tokenizer.json"))
+    assert text_prompt(tmp_path, "hello", bos=2)[0] == 2 and len(text_prompt(tmp_path, "hello", bos=2)) == 2

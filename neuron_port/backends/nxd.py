@@ -23,6 +23,7 @@ PyTorch and is tested on CPU. The vendor calls follow the public neuronx-distrib
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -36,8 +37,7 @@ from neuron_port.buffers import persistent_buffers
 from neuron_port.errors import ShardingError
 from neuron_port.models import checkpoint_state
 from neuron_port.parallel import CHILD_ENV, is_tp_child
-from neuron_port.ranks import RankSetup
-from neuron_port.shard_model import shard_model
+from neuron_port.ranks import Rank, RankSetup, run_ranks
 from neuron_port.sharding import AttentionPlan, head_rows
 
 
@@ -108,18 +108,19 @@ def parallelize_for_nxd(model: nn.Module, setup: RankSetup, dtype: torch.dtype =
     return model
 
 
+def _rank_state(layer_dtype: torch.dtype | None, rank: Rank) -> dict[str, torch.Tensor]:
+    state = checkpoint_state(rank.model, clone=False)
+    for name, buf in persistent_buffers(rank.model).items():
+        state[name] = buf.detach().clone()
+    if layer_dtype is not None:
+        state = {k: (v.to(layer_dtype) if v.is_floating_point() else v) for k, v in state.items()}
+    return state
+
+
 def rank_checkpoints(model: nn.Module, setup: RankSetup, layer_dtype: torch.dtype | None = None) -> list[dict[str, torch.Tensor]]:
-    """Per-rank state dicts from the setup's shard plan, buffers included, optionally cast."""
-    out = []
-    for rank in range(setup.tp):
-        shard = shard_model(model, setup.layout, setup.plan, rank)
-        state = checkpoint_state(shard, clone=False)
-        for name, buf in persistent_buffers(shard).items():
-            state[name] = buf.detach().clone()
-        if layer_dtype is not None:
-            state = {k: (v.to(layer_dtype) if v.is_floating_point() else v) for k, v in state.items()}
-        out.append(state)
-    return out
+    """Per-rank state dicts from the setup's shard plan, buffers included, optionally cast (each
+    rank's shard made by :func:`neuron_port.ranks.run_ranks`, as threads)."""
+    return run_ranks(functools.partial(_rank_state, layer_dtype), setup, model, mode="threads")
 
 
 def save_rank_checkpoints(checkpoints: Sequence[dict[str, torch.Tensor]], out_dir: Path) -> list[Path]:

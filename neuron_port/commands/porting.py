@@ -10,7 +10,6 @@ from neuron_port.commands.common import add_prompt_options, emit_generation, int
 
 
 def _cmd_port(args: argparse.Namespace) -> int:
-    from neuron_port.families import family_of
     from neuron_port.generation import generate
     from neuron_port.kvcache import naive_kv_bytes
     from neuron_port.layout import describe
@@ -23,7 +22,8 @@ def _cmd_port(args: argparse.Namespace) -> int:
 
         require_backend(args.backend)
     model = model_from_name(args.model, tiny=args.tiny, seed=args.seed)
-    family = family_of(model)
+    setup = RankSetup.for_layout(describe(model), args.tp)
+    family = setup.layout.family
     config = family.text_config_of(model)
     special = family.special_ids(config)
     # A random-weight model's end-of-sequence token is noise: stop on it only for real weights.
@@ -31,8 +31,7 @@ def _cmd_port(args: argparse.Namespace) -> int:
     stop_ids = list(special.eos) if stop_on_eos else []
     prompt = prompt_ids(args, args.model, family.vocab_size(config), special.bos)
     prompts = [prompt[: max(1, len(prompt) - 3 * row)] for row in range(args.batch)]
-    layout = describe(model)
-    setup = RankSetup.for_layout(layout, args.tp)
+    layout = setup.layout
     result = generate(model, prompts, args.max_new_tokens, stop_ids=stop_ids, shape=PortShape(args.buckets, args.kv_len),
                       setup=setup)
     out: dict[str, Any] = {

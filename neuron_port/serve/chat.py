@@ -5,7 +5,7 @@ one (a Jinja template, rendered with ``add_generation_prompt``), otherwise from 
 adapter's default (:meth:`~neuron_port.families.decoder.DecoderFamily.chat_prompt`). Turn-ending
 tokens come from the tokenizer config's ``eos_token`` and the adapter's ``chat_stop_tokens``,
 resolved to ids through the tokenizer. BOS is the config's id, prepended only when the
-tokenizer does not add it itself.
+tokenizer does not add it itself (:func:`neuron_port.prompts.bos_prefix`).
 """
 
 from __future__ import annotations
@@ -35,14 +35,6 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
-
-
-def bos_prefix(tokenizer: Any, bos_id: int | None) -> list[int]:
-    """``[bos_id]`` unless there is none or the tokenizer already starts every encoding with it."""
-    if bos_id is None:
-        return []
-    probe = tokenizer.encode("a").ids if tokenizer is not None else []
-    return [] if probe[:1] == [bos_id] else [bos_id]
 
 
 @dataclass(frozen=True)
@@ -80,4 +72,4 @@ def gemma_chat_prompt(messages: list[dict[str, str]]) -> str:
     return family_for("gemma4_text").chat_prompt(messages)
 
 
-__all__ = ["tokenizer_config", "bos_prefix", "ChatFormat", "chat_format", "gemma_chat_prompt"]
+__all__ = ["tokenizer_config", "ChatFormat", "chat_format", "gemma_chat_prompt"]

@@ -16,7 +16,8 @@ from neuron_port.engine import Engine
 from neuron_port.errors import NeuronPortError
 from neuron_port.port import Port
 from neuron_port.runtime import Generator
-from neuron_port.serve.chat import ChatFormat, bos_prefix, chat_format
+from neuron_port.prompts import bos_prefix
+from neuron_port.serve.chat import ChatFormat, chat_format
 from neuron_port.shapes import PortShape
 from neuron_port.tokenizer import load_tokenizer
 
@@ -47,13 +48,13 @@ def _artifact_port(path: Path) -> tuple[Port, Any, int]:
     from neuron_port.artifact_reader import artifact_setup, load_rank_port
     from neuron_port.configs import load_config
     from neuron_port.parallel import identity_reduce
-    from neuron_port.ranks import Rank
+    from neuron_port.ranks import make_rank
 
     manifest = verify(path)
     if int(manifest["tp"]) != 1:
         raise NeuronPortError(f"serving a tp {manifest['tp']} artifact is not supported yet (its ranks must run "
                               "together); serve a tp 1 artifact, or the model itself")
-    rank = Rank(0, artifact_setup(path, manifest), identity_reduce)
+    rank = make_rank(artifact_setup(path, manifest), 0, identity_reduce, None)
     return load_rank_port(path, manifest, rank), load_config(path / "config.json"), int(manifest["batch"])
 
 
@@ -92,14 +93,12 @@ def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = Fal
     Artifacts always run slim (compiled graphs + embeddings only). ``slim`` on a model compiles
     TorchScript graphs for ``max_batch`` rows and drops the Hugging Face model from the host.
     """
-    from neuron_port.families import family_for
-
     path = Path(target)
     if (path / "manifest.json").exists():
         port, config, fixed = _artifact_port(path)
     else:
         port, config, fixed = _model_port(target, tiny, seed, PortShape(buckets, kv_lens), slim, max_batch)
-    family = family_for(config.model_type)
+    family = port.layout.family
     special = family.special_ids(config)
     tokenizer = _tokenizer(path, tiny, port.layout.vocab_size)
     pad = special.bos if special.bos is not None else (special.pad or 0)
