@@ -180,7 +180,8 @@ def grow(
 
     Full buffers keep their positions (zero-padded); rings stay rings; a full-length sliding
     buffer that becomes a ring keeps the last ``window`` positions, each in slot ``p % window``.
-    ``last_position``: [batch] last position written per row. Returns buffers in graph order.
+    ``last_position``: [batch] last position written per row (host). Returns buffers in graph
+    order, on the device the store is on (the copy runs there: an XLA store never visits the host).
     """
     from neuron_port.masks import ring_positions
 
@@ -193,12 +194,12 @@ def grow(
         if a.slots == b.slots:
             out.append(buf.clone())
         elif not b.ring:
-            pad = torch.zeros((*buf.shape[:2], b.slots - a.slots, buf.shape[3]), dtype=buf.dtype)
+            pad = torch.zeros((*buf.shape[:2], b.slots - a.slots, buf.shape[3]), dtype=buf.dtype, device=buf.device)
             out.append(torch.cat([buf, pad], dim=2))
         else:
-            held = ring_positions(last_position, b.slots)  # [batch, window]
+            held = ring_positions(last_position.cpu(), b.slots)  # [batch, window]
             pick = (held[:, :, None] == torch.arange(a.slots)[None, None, :]).to(buf.dtype)
-            out.append(torch.einsum("bws,bhsd->bhwd", pick, buf))
+            out.append(torch.einsum("bws,bhsd->bhwd", pick.to(buf.device), buf))
     return out
 
 

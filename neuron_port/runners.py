@@ -30,7 +30,8 @@ class Runners:
     ``batch``: the rows they take (None: any, as eager graphs do). ``inplace_kv_writes``: the
     decode runners write the new K/V into the store they are given (CPU TorchScript) instead of
     returning blended copies (eager and device graphs). ``compiled``: a backend made them (they
-    no longer need the graphs or the model).
+    no longer need the graphs or the model). ``inference_mode``: they may run under
+    ``torch.inference_mode`` (XLA's lazy tensors cannot: they run under ``no_grad``).
     """
 
     prefill: dict[int, Runnable]
@@ -38,6 +39,7 @@ class Runners:
     batch: int | None = None
     inplace_kv_writes: bool = False
     compiled: bool = False
+    inference_mode: bool = True
 
     def facts(self) -> dict[str, Any]:
         """What an artifact's manifest records about them besides its batch."""
@@ -65,7 +67,8 @@ def compile_graphs(graphs: GraphSet, backend: Any, examples: Examples, batch: in
         inputs, store = examples(kind, size, batch)
         out[kind][size] = backend.compile(graph, [*inputs, *store.tensors()], graph.aliases)
     static = getattr(backend, "static_batch", True)
-    return Runners(out["prefill"], out["decode"], batch if static else None, inplace, compiled=True)
+    return Runners(out["prefill"], out["decode"], batch if static else None, inplace, compiled=True,
+                   inference_mode=bool(getattr(backend, "inference_mode", True)))
 
 
 def runner_file(kind: str, size: int) -> str:

@@ -229,7 +229,6 @@ class Generator:
                      _TextState(self.tokenizer, p.stop_strings), list(prompt))
                 for prompt, p in zip(prompts, per_row)]
 
-    @torch.inference_mode()
     def stream_batch(
         self,
         prompts: Sequence[Sequence[int]],
@@ -242,9 +241,21 @@ class Generator:
         (finish reason ``cancelled``; it keeps running as padding until the batch ends).
 
         The loop runs in ``torch.inference_mode`` (no autograd bookkeeping per op: about 5-10 %
-        of a CPU decode step at the mid-size benchmark variant). Tensors it hands back (kept
-        logits) are inference tensors: read them freely, but clone one before changing it in
-        place outside inference mode. The port's reused decode inputs stay ordinary tensors."""
+        of a CPU decode step at the mid-size benchmark variant), or in ``no_grad`` where the
+        runners cannot (XLA). Tensors it hands back (kept logits) may be inference tensors: read
+        them freely, but clone one before changing it in place outside inference mode. The port's
+        reused decode inputs stay ordinary tensors. The mode is held only while the loop runs, not
+        while the caller handles a yielded event."""
+        mode = torch.inference_mode if self.port.runners.inference_mode else torch.no_grad
+        steps = self._steps(prompts, params, run, keep_logits, cancelled)
+        while True:
+            with mode():
+                event = next(steps, None)
+            if event is None:
+                return
+            yield event
+
+    def _steps(self, prompts, params, run, keep_logits, cancelled) -> Iterator[TokenEvent]:
         port = self.port
         rows = self._rows(prompts, params)
         run = run if run is not None else BatchRun([])

@@ -147,6 +147,18 @@ def row_split(weight: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
     return weight[:, rank * part : (rank + 1) * part]
 
 
+def expanded_kv_rows(weight: torch.Tensor, plan: AttentionPlan, head_dim: int) -> torch.Tensor:
+    """K or V projection rows laid out so an even column split over ``tp`` gives rank r exactly
+    ``plan.ranks[r].kv_heads`` — replicated heads repeated, sharded heads in place.
+
+    weight: [n_kv * head_dim, hidden] -> [tp * local_kv * head_dim, hidden]
+    """
+    counts = {len(r.kv_heads) for r in plan.ranks}
+    if len(counts) != 1:
+        raise ShardingError(f"ranks hold different KV-head counts {sorted(counts)}; an even column split cannot express it")
+    return torch.cat([head_rows(weight, r.kv_heads, head_dim) for r in plan.ranks], dim=0)
+
+
 # ---- model-level plan ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class LayerShard:
@@ -253,6 +265,7 @@ __all__ = [
     "head_columns",
     "column_split",
     "row_split",
+    "expanded_kv_rows",
     "LayerShard",
     "ModelShardPlan",
     "plan_model",

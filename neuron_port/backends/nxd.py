@@ -38,19 +38,7 @@ from neuron_port.errors import ShardingError
 from neuron_port.models import checkpoint_state
 from neuron_port.parallel import CHILD_ENV, is_tp_child
 from neuron_port.ranks import Rank, RankSetup, run_ranks
-from neuron_port.sharding import AttentionPlan, head_rows
-
-
-def expanded_kv_rows(weight: torch.Tensor, plan: AttentionPlan, head_dim: int) -> torch.Tensor:
-    """K or V projection rows laid out so an even column split over ``tp`` gives rank r exactly
-    ``plan.ranks[r].kv_heads`` — replicated heads repeated, sharded heads in place.
-
-    weight: [n_kv * head_dim, hidden] -> [tp * local_kv * head_dim, hidden]
-    """
-    counts = {len(r.kv_heads) for r in plan.ranks}
-    if len(counts) != 1:
-        raise ShardingError(f"ranks hold different KV-head counts {sorted(counts)}; an even column split cannot express it")
-    return torch.cat([head_rows(weight, r.kv_heads, head_dim) for r in plan.ranks], dim=0)
+from neuron_port.sharding import expanded_kv_rows
 
 
 def nxd_checkpoint(model: nn.Module, setup: RankSetup, layer_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
