@@ -9,6 +9,7 @@ the compiler's fused attention, so attention stays eager (the library's default)
 
     python examples/gemma4_12b.py                   # tiny random weights, 2 gloo ranks on the CPU
     python examples/gemma4_12b.py --model-dir DIR   # real weights
+    PJRT_DEVICE=CPU python examples/gemma4_12b.py --backend xla   # SPMD over 2 XLA CPU devices, checked in process
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from neuron_port import describe, load_config
 from neuron_port.artifact_writer import write_artifact
 from neuron_port.planner import Target, plan_capacity
 from neuron_port.ranks import RankSetup
-from neuron_port.recipe import artifact_dir, load_checked, recipe_parser, validate_then_serve
+from neuron_port.recipe import artifact_dir, check_on_xla, load_checked, recipe_parser, validate_then_serve
 from neuron_port.shapes import PortShape
 
 NAME = "gemma-4-12b"
@@ -54,6 +55,9 @@ def main() -> int:
     shape = PortShape(buckets=32, kv_lens=256)
     per_rank = [stores.specs[256].total_bytes(1, 4) for stores in setup.stores(shape)]
     print(f"[graphs] KV store per rank {per_rank} B")
+
+    if args.backend == "xla":  # 6-8 on the XLA path: lowered and checked in this process, no artifact
+        return check_on_xla(model, setup, shape, args)
 
     # 6. Compile: per-rank graphs, traced with the all-reduce inside, written atomically as one artifact.
     out = artifact_dir(args, "gemma4_12b_")

@@ -9,6 +9,7 @@ those 15 owners allocate, sliding owners as rings of the 512-token window.
     python examples/gemma4_e2b.py                          # tiny random weights, CPU backend
     python examples/gemma4_e2b.py --model-dir DIR          # real weights (config.json, safetensors, tokenizer)
     python examples/gemma4_e2b.py --backend neuron         # on an Inferentia2 host with the Neuron SDK
+    PJRT_DEVICE=CPU python examples/gemma4_e2b.py --backend xla   # through torch-xla, checked in process
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from neuron_port.artifact_writer import write_artifact
 from neuron_port.kvcache import naive_kv_bytes
 from neuron_port.planner import Target, plan_capacity
 from neuron_port.ranks import RankSetup
-from neuron_port.recipe import artifact_dir, load_checked, recipe_parser, validate_then_serve
+from neuron_port.recipe import artifact_dir, check_on_xla, load_checked, recipe_parser, validate_then_serve
 from neuron_port.shapes import PortShape
 
 NAME = "gemma-4-e2b"
@@ -54,6 +55,9 @@ def main() -> int:
     store = setup.stores(shape)[0].specs[256]
     print(f"[graphs] KV store {store.total_bytes(1, 4):,} B (owners only, rings of {layout.sliding_window}) "
           f"vs {naive_kv_bytes(layout, 256, 1, 4):,} B if every layer kept a full-length cache")
+
+    if args.backend == "xla":  # 6-8 on the XLA path: lowered and checked in this process, no artifact
+        return check_on_xla(model, setup, shape, args)
 
     # 6. Compile: the rank builds those graphs over its model, the backend compiles them, and the
     #    verified artifact is written atomically.

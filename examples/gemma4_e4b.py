@@ -8,6 +8,7 @@ the classic "4-vs-8 repeat_kv" bug). KV sharing works as on E2B: layers 0-23 own
 
     python examples/gemma4_e4b.py                   # tiny random weights, 2 gloo ranks on the CPU
     python examples/gemma4_e4b.py --model-dir DIR   # real weights
+    PJRT_DEVICE=CPU python examples/gemma4_e4b.py --backend xla   # SPMD over 2 XLA CPU devices, checked in process
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from neuron_port import describe, load_config
 from neuron_port.artifact_writer import write_artifact
 from neuron_port.planner import Target, plan_capacity
 from neuron_port.ranks import RankSetup
-from neuron_port.recipe import artifact_dir, load_checked, recipe_parser, validate_then_serve
+from neuron_port.recipe import artifact_dir, check_on_xla, load_checked, recipe_parser, validate_then_serve
 from neuron_port.shapes import PortShape
 
 NAME = "gemma-4-e4b"
@@ -52,6 +53,9 @@ def main() -> int:
     shape = PortShape(buckets=32, kv_lens=256)
     per_rank = [stores.specs[256].total_bytes(1, 4) for stores in setup.stores(shape)]
     print(f"[graphs] KV store per rank {per_rank} B")
+
+    if args.backend == "xla":  # 6-8 on the XLA path: lowered and checked in this process, no artifact
+        return check_on_xla(model, setup, shape, args)
 
     # 6. Compile: each rank (a gloo process) takes its shard, builds those graphs, traces them with
     #    the all-reduce inside, and the artifact is written atomically.

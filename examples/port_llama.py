@@ -20,7 +20,7 @@ from neuron_port import describe, load_config
 from neuron_port.artifact_writer import write_artifact
 from neuron_port.planner import Target, plan_capacity
 from neuron_port.ranks import RankSetup
-from neuron_port.recipe import artifact_dir, load_checked, recipe_parser, validate_then_serve
+from neuron_port.recipe import artifact_dir, check_on_xla, load_checked, recipe_parser, validate_then_serve
 from neuron_port.shapes import PortShape
 
 
@@ -55,6 +55,9 @@ def main() -> int:
     shape = PortShape(buckets=32, kv_lens=256)
     per_rank = [stores.specs[256].total_bytes(1, 4) for stores in setup.stores(shape)]
     print(f"[graphs] KV store per rank {per_rank} B")
+
+    if args.backend == "xla":  # 6-8 on the XLA path: lowered and checked in this process, no artifact
+        return check_on_xla(model, setup, shape, args)
 
     # 6. Compile: each rank takes its shard, builds those graphs, traces them (with the all-reduce
     #    inside when tp > 1), and the artifact is written atomically.

@@ -27,7 +27,7 @@ from neuron_port.artifact import (
     weights_fingerprint,
     write_manifest,
 )
-from neuron_port.backends import get_backend, require_backend
+from neuron_port.backends import get_backend
 from neuron_port.configs import config_to_dict
 from neuron_port.embedding import HostEmbeddings
 from neuron_port.families import family_of
@@ -94,12 +94,9 @@ def write_artifact(
     or ``{"kind": "dir", "path"}``) so a later check can rebuild the same CPU reference and
     prove it is the same checkpoint (weights fingerprint). ``model`` is not modified.
     """
-    if backend == "nxd":
-        require_backend("nxd")  # without the SDK: the install hint
-        raise ArtifactError(
-            "backend 'nxd': the ModelBuilder path (neuron_port.backends.nxd.build) is not wired into artifacts "
-            "yet; build with it directly on an Inferentia2 host"
-        )
+    if backend not in ("cpu", "cpu-eager", "neuron"):
+        raise ArtifactError(f"backend {backend!r} does not save graphs; an artifact takes cpu or neuron "
+                            "(xla graphs are checked in process with 'neuron-port port --backend xla')")
     get_backend(backend)  # fail fast (missing SDK) before any work
     check_setup_matches(setup, model)
     with atomic_directory(out_dir) as tmp:

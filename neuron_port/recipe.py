@@ -18,7 +18,9 @@ def recipe_parser(description: str, tp: int | None = None) -> argparse.ArgumentP
     ``--tp`` and uses the degree the plan was made at)."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model-dir", help="a local model directory with real weights (default: tiny random weights)")
-    ap.add_argument("--backend", default="cpu", choices=["cpu", "neuron"])
+    ap.add_argument("--backend", default="cpu", choices=["cpu", "neuron", "xla"],
+                    help="cpu or neuron: a verified artifact, checked in a fresh process; xla: the graphs lowered through "
+                         "torch-xla (PJRT_DEVICE=CPU) and checked in this process")
     ap.add_argument("--tp", type=int, default=tp, help="tensor-parallel degree (default: the planner's recommendation)")
     ap.add_argument("--target", default="inf2.xlarge", help="planner target (inf2.xlarge, inf2.8xlarge, custom:...)")
     ap.add_argument("--out", help="directory for the artifact (default: a temporary one)")
@@ -69,6 +71,30 @@ def validate_then_serve(artifact: str | Path, args: argparse.Namespace) -> int:
     return 0 if result["seq_match"] else 1
 
 
+def check_on_xla(model: Any, setup: Any, shape: Any, args: argparse.Namespace) -> int:
+    """The recipe's last steps on the XLA path: lower and run every graph through torch-xla (SPMD at
+    tp > 1), compare with Hugging Face, print the lowering and ``SEQ_MATCH``; the exit code."""
+    from neuron_port.generation import generate
+    from neuron_port.prompts import random_prompt
+    from neuron_port.validation import compare_with_reference
+    from neuron_port.xla_lint import findings_of
+    from neuron_port.xla_port import xla_port
+
+    port, backend = xla_port(model, setup, shape)
+    family = setup.layout.family
+    prompt = random_prompt(setup.layout.vocab_size, args.prompt_len, bos=family.special_ids(family.text_config_of(model)).bos)
+    got = generate(port, [prompt], args.max_new_tokens)
+    result = compare_with_reference({"tokens": got.tokens[0]}, model, prompt, args.max_new_tokens)
+    x = backend.report()
+    aliased = [f"{x['aliased_buffers'][graph]}/{kv}" for graph, kv in x["kv_tensors"].items()]
+    reduces = [ops.get("all-reduce", 0) for ops in x["hlo_opcodes"].values()]
+    print(f"[xla] {x['devices']} device(s): {x['uncached_compiles']} compiles for {x['graphs']} graphs, "
+          f"{x['cached_compiles']} cached; fallbacks {x['fallback_ops'] or 'none'}; aliased/KV {aliased}; "
+          f"all-reduce per graph {reduces}; findings {len(findings_of(x))}")
+    print(f"SEQ_MATCH {result['seq_match']}")
+    return 0 if result["seq_match"] else 1
+
+
 def serve_artifact(artifact: str | Path, host: str = "127.0.0.1", port: int = 8000) -> None:
     """Serve a verified artifact with the OpenAI-compatible server (needs the ``serve`` extra)."""
     from neuron_port.serve import build_app, load_served, serve
@@ -76,4 +102,4 @@ def serve_artifact(artifact: str | Path, host: str = "127.0.0.1", port: int = 80
     serve(build_app(lambda: load_served(str(artifact))), host=host, port=port)
 
 
-__all__ = ["recipe_parser", "load_checked", "artifact_dir", "validate_and_report", "validate_then_serve", "serve_artifact"]
+__all__ = ["recipe_parser", "check_on_xla", "load_checked", "artifact_dir", "validate_and_report", "validate_then_serve", "serve_artifact"]

@@ -19,10 +19,22 @@ def _neuron_sdk_present() -> bool:
     return True
 
 
+def _torch_xla_present() -> bool:
+    # Found, not imported: XLA reads its flags (device count, dump folder) when its runtime starts,
+    # and the backend sets them first.
+    import importlib.util
+
+    return importlib.util.find_spec("torch_xla") is not None
+
+
 def pytest_collection_modifyitems(config, items):
-    if _neuron_sdk_present():
-        return
-    skip = pytest.mark.skip(reason="needs the AWS Neuron SDK (torch-neuronx from the Neuron repository); not installed")
+    skips = {}
+    if not _neuron_sdk_present():
+        skips["neuron"] = pytest.mark.skip(reason="needs the AWS Neuron SDK (torch-neuronx from the Neuron repository); not installed")
+    if not _torch_xla_present():
+        skips["xla"] = pytest.mark.skip(reason="needs torch-xla (pip install torch==2.9.0 torch-xla==2.9.0 in its own "
+                                               "virtualenv; .ci/run makes one); not installed")
     for item in items:
-        if "neuron" in item.keywords:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if marker in item.keywords:
+                item.add_marker(skip)

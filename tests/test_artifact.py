@@ -157,11 +157,20 @@ def test_check_refuses_a_reference_with_other_weights(tmp_path):
 
 
 def test_neuron_backends_fail_fast_without_the_sdk(tmp_path):
-    for backend in ("neuron", "nxd"):
-        for cmd in (["port", "gemma-4-e2b", "--tiny"], ["compile", "gemma-4-e2b", "--tiny", "--out", str(tmp_path / "x")]):
-            res = run_cli(*cmd, "--backend", backend)
-            assert res.returncode != 0
-            assert "pip.repos.neuron.amazonaws.com" in res.stderr and "WRONG PACKAGE" in res.stderr
+    for cmd in (["port", "gemma-4-e2b", "--tiny"], ["compile", "gemma-4-e2b", "--tiny", "--out", str(tmp_path / "x")]):
+        res = run_cli(*cmd, "--backend", "neuron")
+        assert res.returncode != 0
+        assert "pip.repos.neuron.amazonaws.com" in res.stderr and "WRONG PACKAGE" in res.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_no_backend_is_offered_and_then_refused(tmp_path):
+    """nxd (ModelBuilder, not wired into artifacts) is not a choice; xla graphs are not saved as artifacts."""
+    for cmd in (["port", "gemma-4-e2b", "--tiny"], ["compile", "gemma-4-e2b", "--tiny", "--out", str(tmp_path / "x")]):
+        res = run_cli(*cmd, "--backend", "nxd")
+        assert res.returncode == 2 and "invalid choice: 'nxd'" in res.stderr
+    res = run_cli("compile", "gemma-4-e2b", "--tiny", "--out", str(tmp_path / "x"), "--backend", "xla")
+    assert res.returncode == 2 and "invalid choice: 'xla'" in res.stderr
     assert not (tmp_path / "x").exists()
 
 
@@ -244,3 +253,16 @@ def test_nxd_parallel_layers_need_the_sdk():
     model = build_model(load_config("gemma-4-e4b", tiny=True), seed=0)
     with pytest.raises(BackendUnavailableError, match="pip.repos.neuron.amazonaws.com"):
         parallelize_for_nxd(model, RankSetup.for_layout(describe(model), 2))
+
+
+def test_xla_without_torch_xla_is_one_line_naming_it():
+    try:
+        import torch_xla  # noqa: F401
+    except Exception:
+        pass
+    else:
+        pytest.skip("torch-xla is installed here; this checks the refusal where it is not")
+    res = run_cli_process("port", "gemma-4-e2b", "--tiny", "--backend", "xla", "--json")
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+    assert res.stderr.startswith("error: backend 'xla' needs torch-xla") and "pip install torch==2.9.0 torch-xla==2.9.0" in res.stderr

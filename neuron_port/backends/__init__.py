@@ -7,20 +7,26 @@ from neuron_port.errors import NeuronPortError
 
 
 def get_backend(name: str, **options):
-    """A backend by name: ``cpu`` (TorchScript-traced), ``cpu-eager``, ``neuron``, ``nxd``.
+    """A backend by name: ``cpu`` (TorchScript-traced), ``cpu-eager``, ``neuron``, ``xla``.
 
     ``options`` go to the backend's constructor (``cpu``: ``passes=False`` keeps the traced graph
-    as traced; ``neuron``: ``auto_cast``)."""
+    as traced; ``neuron``: ``auto_cast``; ``xla``: ``setup``, the rank setup to run as SPMD).
+    neuronx-distributed's ModelBuilder (:mod:`neuron_port.backends.nxd`) is not one of them yet:
+    its pieces are tested on CPU, its build is not wired into artifacts."""
     if name in ("cpu", "cpu-eager"):
         from neuron_port.backends.cpu import CpuBackend
 
         return CpuBackend("eager" if name == "cpu-eager" else "jit", **options)
+    if name == "xla":
+        from neuron_port.backends.xla import XlaBackend
+
+        return XlaBackend(**options)
     require_backend(name)
     if name == "neuron":
         from neuron_port.backends.neuron import NeuronBackend
 
         return NeuronBackend(**options)
-    raise NeuronPortError(f"unknown backend {name!r}; expected cpu, cpu-eager, neuron or nxd")
+    raise NeuronPortError(f"unknown backend {name!r}; expected cpu, cpu-eager, neuron or xla")
 
 
 __all__ = ["BackendUnavailableError", "require_backend", "get_backend", "NEURON_HINT"]

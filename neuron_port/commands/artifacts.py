@@ -16,7 +16,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     from neuron_port.ranks import RankSetup
     from neuron_port.shapes import PortShape
 
-    if args.backend in ("neuron", "nxd"):
+    if args.backend == "neuron":
         require_backend(args.backend)
     model, source = load_source(args.model, tiny=args.tiny, seed=args.seed)
     setup = RankSetup.for_layout(describe(model), args.tp)
@@ -57,7 +57,9 @@ def add(sub) -> None:
     p.add_argument("model")
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--backend", default="cpu", choices=["cpu", "neuron", "nxd"])
+    p.add_argument("--backend", default="cpu", choices=["cpu", "neuron"],
+                   help="cpu (TorchScript) or neuron (torch-neuronx, on an Inferentia2 host); xla graphs are checked "
+                        "in process by 'port --backend xla', not saved")
     p.add_argument("--out", required=True, help="artifact directory (written atomically)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--buckets", type=int_list, default=[32, 64, 128])

@@ -41,7 +41,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     config = load_config(args.model, tiny=args.tiny)
     plan = plan_capacity(describe(config), config, args.model, Target.parse(args.target), args.dtype, args.tp,
-                         args.context, tuple(args.buckets), args.batch, args.embeddings_on_device)
+                         args.context, tuple(args.buckets), args.batch, args.embeddings_on_device, args.shared_weights)
     if args.png:
         save_chart(plan, args.png)
     if args.json:
@@ -52,6 +52,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_lint(args: argparse.Namespace) -> int:
+    if args.xla:
+        return _lint_xla(args)
     from neuron_port.lint import lint_model
 
     report = lint_model(args.model, softcap_in_graph=args.softcap_in_graph)
@@ -61,6 +63,19 @@ def _cmd_lint(args: argparse.Namespace) -> int:
         for f in report["findings"]:
             print(f"[{f['severity']}] {f['rule']} at {f['where']}: {f['detail']}\n    fix: {f['fix']}")
         print(f"{report['errors']} error(s)")
+    return 0
+
+
+def _lint_xla(args: argparse.Namespace) -> int:
+    from neuron_port.backends.xla import require_xla
+    from neuron_port.xla_lint import format_report, lint_xla
+
+    require_xla()
+    result = lint_xla(args.model, tp=args.tp)
+    if args.json:
+        print_json(result)
+    else:
+        print(format_report(result))
     return 0
 
 
@@ -88,6 +103,9 @@ def add(sub) -> None:
     p.add_argument("--buckets", type=int_list, default=[128])
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--embeddings-on-device", action="store_true")
+    p.add_argument("--shared-weights", action="store_true",
+                   help="prefill and decode share one set of weights (neuronx-distributed's ModelBuilder) "
+                        "instead of one each (separately traced graphs, what this library builds)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--png", default=None, help="write a per-core memory chart (needs matplotlib)")
     p.set_defaults(func=_cmd_plan)
@@ -95,6 +113,9 @@ def add(sub) -> None:
     p = sub.add_parser("lint", help="Neuron-hostile ops and SBUF overflows in the exported graphs, before compiling")
     p.add_argument("model", help="a shipped name or a local config (the tiny variant's graphs are traced)")
     p.add_argument("--softcap-in-graph", action="store_true", help="lint the graph with the softcap left on the device")
+    p.add_argument("--xla", action="store_true", help="lower the tiny variant's graphs through torch-xla (PJRT_DEVICE=CPU) "
+                   "and report compiles, fallbacks, HLO op counts and KV aliasing")
+    p.add_argument("--tp", type=int, default=1, help="with --xla: SPMD over this many XLA CPU devices")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_lint)
 

@@ -17,10 +17,14 @@ def _cmd_port(args: argparse.Namespace) -> int:
     from neuron_port.ranks import RankSetup
     from neuron_port.shapes import PortShape
 
-    if args.backend != "cpu":
+    if args.backend == "neuron":
         from neuron_port.backends import require_backend
 
         require_backend(args.backend)
+    elif args.backend == "xla":
+        from neuron_port.backends.xla import require_xla
+
+        require_xla()  # before any model is built: one line saying how to install it
     model = model_from_name(args.model, tiny=args.tiny, seed=args.seed)
     setup = RankSetup.for_layout(describe(model), args.tp)
     family = setup.layout.family
@@ -32,8 +36,16 @@ def _cmd_port(args: argparse.Namespace) -> int:
     prompt = prompt_ids(args, args.model, family.vocab_size(config), special.bos)
     prompts = [prompt[: max(1, len(prompt) - 3 * row)] for row in range(args.batch)]
     layout = setup.layout
-    result = generate(model, prompts, args.max_new_tokens, stop_ids=stop_ids, shape=PortShape(args.buckets, args.kv_len),
-                      setup=setup)
+    shape = PortShape(args.buckets, args.kv_len)
+    lowering = None
+    if args.backend == "xla":
+        from neuron_port.xla_port import xla_port
+
+        port, backend = xla_port(model, setup, shape, batch=args.batch)
+        result = generate(port, prompts, args.max_new_tokens, stop_ids=stop_ids)
+        lowering = backend.report()
+    else:
+        result = generate(model, prompts, args.max_new_tokens, stop_ids=stop_ids, shape=shape, setup=setup)
     out: dict[str, Any] = {
         "model": args.model, "tiny": args.tiny, "backend": args.backend, "tp": args.tp, "batch": args.batch,
         "prompt_tokens": len(prompt),
@@ -48,7 +60,10 @@ def _cmd_port(args: argparse.Namespace) -> int:
         "host_ms_per_token": round(1e3 * result.host_s / max(1, result.decode_steps + 1), 4),
     }
     if args.tp > 1:
-        out["per_rank_kv_cache_bytes"] = result.per_rank_kv_cache_bytes
+        out["per_rank_kv_cache_bytes"] = [s.specs[args.kv_len].total_bytes(args.batch, result.dtype_bytes)
+                                          for s in setup.stores(shape)]
+    if lowering is not None:
+        out["xla"] = lowering
     if args.batch > 1:
         out["rows"] = [{"prompt_tokens": len(p), "tokens": t} for p, t in zip(prompts, result.tokens)]
     if args.check:
@@ -78,7 +93,9 @@ def add(sub) -> None:
     p.add_argument("model", help="a shipped name or a local model directory (config.json + safetensors)")
     p.add_argument("--tiny", action="store_true", help="random weights on the tiny variant")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (gloo ranks on this machine)")
-    p.add_argument("--backend", default="cpu", choices=["cpu", "neuron", "nxd"])
+    p.add_argument("--backend", default="cpu", choices=["cpu", "neuron", "xla"],
+                   help="cpu: eager graphs (gloo ranks at tp > 1); xla: through torch-xla (PJRT_DEVICE=CPU, SPMD at "
+                        "tp > 1) with a lowering report; neuron: needs the Neuron SDK")
     add_prompt_options(p, default_tokens=48)
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and the random prompt")
     p.add_argument("--buckets", type=int_list, default=[32, 64, 128], help="prompt buckets, e.g. 32,64,128")

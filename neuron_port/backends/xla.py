@@ -1,0 +1,242 @@
+"""XLA backend: the port's graphs recorded and run through torch-xla, the layer torch-neuronx uses.
+
+On an Inferentia2 host, ``torch_neuronx.trace`` and neuronx-distributed's ModelBuilder record
+graphs through torch-xla, lower them to XLA HLO and hand that to neuronx-cc. With
+``PJRT_DEVICE=CPU`` the same lowering runs here, on XLA's CPU device. This backend keeps the
+graphs, their weights and the KV store on the XLA device:
+
+* one sync per step (host inputs go to the device, the step runs, the logits come back);
+* the store's tensors are written back in place after every step, so XLA aliases (donates) them
+  to the step's outputs and the store stays resident; a grown store is made on the device;
+* graphs run under ``no_grad``, never ``inference_mode`` (lazy tensors cannot be inference tensors);
+* with ``setup`` at tp > 1: SPMD over tp CPU devices (``xr.use_spmd()``, a 1-D ``tp`` mesh); the
+  weights are annotated from the setup's shard plan (q, k, v, gate, up split by rows; o, down by
+  columns) and the store by KV head, so device r holds exactly rank r's shard (see
+  :mod:`neuron_port.spmd`) and XLA's partitioner writes the all-reduce.
+
+:class:`LoweringRecorder` keeps the facts of the lowering: compiles (cached and not), aten
+fallbacks, and per graph its HLO instruction and opcode counts and aliased buffers, read from the
+optimized (for SPMD: partitioned) modules XLA dumps. torch-xla is imported inside this module's
+functions only; without it, :class:`XlaBackend` raises one line saying how to install it.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from neuron_port.backends.hlo_text import summarize
+from neuron_port.backends.sdk import BackendUnavailableError
+from neuron_port.errors import NeuronPortError
+from neuron_port.step import INPUT_NAMES
+
+XLA_HINT = ("install torch-xla beside the matching torch, in its own virtualenv (torch-xla 2.9 needs torch 2.9): "
+            "pip install torch==2.9.0 torch-xla==2.9.0, then run with PJRT_DEVICE=CPU")
+_PROCESS: dict[str, Any] = {}  # XLA's runtime is per process: its device count and dump folder are fixed once
+
+
+def _prepare_process(devices: int) -> Path:
+    """Environment XLA reads when its runtime starts: the CPU device count and a dump folder."""
+    if "devices" in _PROCESS:
+        if _PROCESS["devices"] != devices:
+            raise NeuronPortError(f"this process's XLA runtime already runs {_PROCESS['devices']} device(s); "
+                                  f"a {devices}-device backend needs a new process")
+        return _PROCESS["dump"]
+    os.environ.setdefault("PJRT_DEVICE", "CPU")
+    os.environ["CPU_NUM_DEVICES"] = str(devices)
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "--xla_dump_to=" in flags:
+        dump = Path(flags.split("--xla_dump_to=", 1)[1].split()[0])
+    else:
+        dump = Path(tempfile.mkdtemp(prefix="neuron_port_hlo_"))
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_dump_to={dump} --xla_dump_hlo_as_text".strip()
+    _PROCESS.update(devices=devices, dump=dump)
+    return dump
+
+
+def require_xla() -> Any:
+    """``torch_xla``, or BackendUnavailableError with the install hint."""
+    try:
+        import torch_xla
+    except Exception as exc:  # ImportError, or a torch-xla built for another torch
+        raise BackendUnavailableError(f"backend 'xla' needs torch-xla, which is not usable here ({exc!r}); {XLA_HINT}") from None
+    return torch_xla
+
+
+class LoweringRecorder:
+    """Compile counters since the backend started, and per graph what its first run compiled."""
+
+    def __init__(self, dump: Path):
+        import torch_xla.debug.metrics as met
+
+        self.met, self.dump = met, dump
+        self.start = self._counters()
+        self.graphs: dict[str, dict[str, Any]] = {}
+        self._seen_files = set(self._dumped())
+
+    def _counters(self) -> dict[str, int]:
+        return {name: self.met.counter_value(name) or 0 for name in self.met.counter_names()}
+
+    def _dumped(self) -> list[str]:
+        return sorted(glob.glob(str(self.dump / "*after_optimizations.txt")))
+
+    def _compile_state(self) -> tuple[int, float]:
+        compile_time = self.met.metric_data("CompileTime")
+        return self.met.counter_value("UncachedCompile") or 0, compile_time[1] if compile_time else 0.0
+
+    def watch(self, name: str, step) -> Any:
+        """Run ``step()``; what it compiled (if anything) is recorded under ``name`` (two counter
+        reads per step when nothing compiles)."""
+        (before, ns_before), t0 = self._compile_state(), time.perf_counter()
+        result = step()
+        after, ns_after = self._compile_state()
+        if after > before:
+            new = [f for f in self._dumped() if f not in self._seen_files]
+            self._seen_files.update(new)
+            self.graphs[name] = {
+                "compiles": after - before,
+                "compile_s": round((ns_after - ns_before) / 1e9, 3),
+                "first_run_s": round(time.perf_counter() - t0, 3),
+                "hlo": [summarize(Path(f).read_text()).to_json() for f in new],
+            }
+        return result
+
+    def report(self, devices: int, kv_tensors: dict[str, int]) -> dict[str, Any]:
+        """The lowering report (the ``xla`` field of ``neuron-port port --json``)."""
+        now = self._counters()
+        fallbacks = {k: now[k] - self.start.get(k, 0) for k in now if k.startswith("aten::") and now[k] > self.start.get(k, 0)}
+        hlo = {name: g["hlo"][-1] for name, g in self.graphs.items() if g["hlo"]}
+        return {
+            "devices": devices,
+            "graphs": len(self.graphs),
+            "uncached_compiles": now.get("UncachedCompile", 0) - self.start.get("UncachedCompile", 0),
+            "cached_compiles": now.get("CachedCompile", 0) - self.start.get("CachedCompile", 0),
+            "fallback_ops": fallbacks,
+            "hlo_instructions": {name: h["instructions"] for name, h in hlo.items()},
+            "hlo_opcodes": {name: h["opcodes"] for name, h in hlo.items()},
+            "aliased_buffers": {name: h["aliased_buffers"] for name, h in hlo.items()},
+            "dynamic_dimensions": {name: h["dynamic_dimensions"] for name, h in hlo.items()},
+            "kv_tensors": {name: kv_tensors[name] for name in hlo if name in kv_tensors},
+            "compile_s": {name: g["compile_s"] for name, g in self.graphs.items()},
+            "hlo_dump": str(self.dump),
+        }
+
+
+class XlaRunner:
+    """One graph on the XLA device: ``runner(*step_inputs, *store) -> (logits on the host, *store)``.
+
+    The two things the lowering needs are attributes so that a test can turn either off and show
+    what breaks: ``write_back`` (the new K/V copied into the store's own tensors, which makes XLA
+    alias them; without it the store is copied in and out of every step) and ``sync_each_step``
+    (one ``torch_xla.sync()`` per step; without it every step records all earlier ones again).
+    """
+
+    write_back = True
+    sync_each_step = True
+
+    def __init__(self, backend: "XlaBackend", name: str, graph: nn.Module):
+        self.backend, self.name, self.graph = backend, name, graph
+
+    def _sync(self) -> None:
+        if self.sync_each_step:
+            self.backend.xla.sync()
+
+    def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        backend = self.backend
+        n = len(INPUT_NAMES)
+        kv = [t if t.device.type == "xla" else backend.place_kv(t) for t in args[n:]]
+        # A store grown between steps is still a pending computation: run it as its own graph.
+        backend.recorder.watch(f"kv_grow_to_{self.name.split('_')[-1]}", self._sync)
+        inputs = [x.to(backend.device) for x in args[:n]]
+
+        def step() -> tuple[torch.Tensor, ...]:
+            out = self.graph(*inputs, *kv)
+            if not self.write_back:
+                self._sync()
+                return out
+            for buf, new in zip(kv, out[1:]):
+                buf.copy_(new)  # written back in place: XLA aliases the store to the outputs
+            self._sync()
+            return (out[0], *kv)
+
+        out = backend.recorder.watch(self.name, step)
+        return (out[0].cpu(), *out[1:])
+
+
+class XlaBackend:
+    """Graphs kept and run on an XLA device (CPU PJRT here); SPMD over ``setup.tp`` devices at tp > 1."""
+
+    name = "xla"
+    static_batch = True  # a new batch would be a new graph shape: a new compile
+    inplace_kv_writes = False  # one-hot writes in the graph; the store is written back outside it
+    inference_mode = False
+
+    def __init__(self, setup=None):
+        self.setup = setup
+        self.devices = setup.tp if setup is not None else 1
+        dump = _prepare_process(self.devices)
+        self.xla = require_xla()
+        import torch_xla.runtime as xr
+
+        if self.devices > 1:
+            import numpy as np
+            import torch_xla.distributed.spmd as xs
+
+            if not _PROCESS.get("spmd"):
+                xr.use_spmd()
+                _PROCESS["spmd"] = True
+            self.xs = xs
+            self.mesh = xs.Mesh(np.arange(self.devices), (self.devices,), ("tp",))
+        self.device = self.xla.device()
+        self.recorder = LoweringRecorder(dump)
+        self._placed: set[int] = set()
+        self._kv_tensors: dict[str, int] = {}
+
+    def place_kv(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A store tensor moved to the device, split by KV head over the mesh at tp > 1."""
+        out = tensor.to(self.device)
+        if self.devices > 1:
+            self.xs.mark_sharding(out, self.mesh, (None, "tp", None, None))
+        return out
+
+    def _place_model(self, model: nn.Module) -> None:
+        if id(model) in self._placed:
+            return
+        model.to(self.device)
+        if self.devices > 1:
+            from neuron_port.spmd import weight_splits
+
+            for weight, spec in weight_splits(model, self.setup):
+                self.xs.mark_sharding(weight, self.mesh, spec)
+        self._placed.add(id(model))
+
+    def compile(self, graph: nn.Module, example_inputs: Sequence[torch.Tensor], aliases: dict[int, int],
+                options: dict[str, Any] | None = None) -> XlaRunner:
+        """Move the graph (and the model it runs) to the device; XLA compiles on the first call."""
+        self._place_model(graph.model)
+        for name, buf in list(graph.named_buffers(recurse=False)):
+            setattr(graph, name, buf.to(self.device))
+        name = f"{'prefill_' + str(graph.seq) if graph.prefill else 'decode_' + str(graph.spec.kv_len)}"
+        self._kv_tensors[name] = len(aliases)
+        return XlaRunner(self, name, graph)
+
+    def report(self) -> dict[str, Any]:
+        """What the lowering of every graph run so far looked like (see :class:`LoweringRecorder`)."""
+        return self.recorder.report(self.devices, self._kv_tensors)
+
+    def save(self, runnable: Any, path: Path) -> None:
+        raise NeuronPortError("xla graphs are lowered and checked in process (neuron-port port --backend xla); "
+                              "an artifact needs a backend that saves its graphs (cpu, neuron)")
+
+    def load(self, path: Path) -> Any:
+        self.save(None, path)
+
+
+__all__ = ["XLA_HINT", "require_xla", "LoweringRecorder", "XlaRunner", "XlaBackend"]

@@ -1,0 +1,127 @@
+"""The parts of the XLA path that need no torch-xla: HLO text parsing, lint findings, the SPMD
+layout of a shard plan, and the transformers version gate."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from neuron_port import describe, load_config
+from neuron_port.backends.hlo_text import aliased_buffers, summarize
+from neuron_port.errors import ShardingError
+from neuron_port.families import family_for
+from neuron_port.configs import load_config_dict, tiny_config_dict
+from neuron_port.generation import generate
+from neuron_port.models import build_model
+from neuron_port.oracle import reference_generate
+from neuron_port.parallel import identity_reduce
+from neuron_port.port import Port
+from neuron_port.ranks import RankSetup, make_rank
+from neuron_port.spmd import COLUMN, ROW, spmd_model, weight_splits
+from neuron_port.versions import transformers_problem
+from neuron_port.xla_lint import findings_of
+
+MODULE = """HloModule SyncTensorsGraph.42, is_scheduled=true, input_output_alias={ {0}: (3, {}, may-alias), {1}: (4, {}, may-alias) }, entry_computation_layout={(f32[2]{0})->(f32[2]{0})}
+
+%fused_add (p: f32[2]) -> f32[2] {
+  %p = f32[2]{0} parameter(0)
+  ROOT %add.1 = f32[2]{0} add(f32[2]{0} %p, f32[2]{0} %p)
+}
+
+ENTRY %main (a: f32[2], b: f32[<=8]) -> (f32[2], f32[2]) {
+  %a = f32[2]{0} parameter(0)
+  %b = f32[<=8]{0} parameter(1)
+  %all-reduce = f32[2]{0} all-reduce(f32[2]{0} %a), replica_groups={{0,1}}, to_apply=%sum
+  %fusion = f32[2]{0} fusion(f32[2]{0} %all-reduce), kind=kLoop, calls=%fused_add
+  ROOT %tuple = (f32[2]{0}, /*index=1*/f32[2]{0}) tuple(f32[2]{0} %fusion, f32[2]{0} %a)
+}
+"""
+
+
+def test_hlo_summary_counts_instructions_opcodes_aliases_and_dynamic_dims():
+    s = summarize(MODULE)
+    assert s.instructions == 7
+    assert s.opcodes["parameter"] == 3 and s.opcodes["all-reduce"] == 1 and s.opcodes["tuple"] == 1
+    assert s.aliased_buffers == 2 and s.dynamic_dimensions == 1
+    assert aliased_buffers(MODULE.replace("input_output_alias={ {0}: (3, {}, may-alias), {1}: (4, {}, may-alias) }, ", "")) == 0
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=0, max_size=12, unique_by=lambda t: t[0]))
+def test_alias_entries_are_counted_exactly(pairs):
+    body = ", ".join(f"{{{o}}}: ({i}, {{}}, may-alias)" for o, i in pairs)
+    text = f"HloModule m, input_output_alias={{ {body} }}, entry_computation_layout={{()->()}}\n" if pairs else "HloModule m\n"
+    assert aliased_buffers(text) == len(pairs)
+
+
+def _report(**changes):
+    base = {"graphs": 2, "uncached_compiles": 2, "cached_compiles": 30, "fallback_ops": {},
+            "kv_tensors": {"prefill_32": 12, "decode_64": 12}, "aliased_buffers": {"prefill_32": 12, "decode_64": 12},
+            "hlo_opcodes": {"prefill_32": {"dot": 5}, "decode_64": {"dot": 5}}, "dynamic_dimensions": {}}
+    return {**base, **changes}
+
+
+def test_lint_findings_name_each_problem_and_nothing_on_a_clean_report():
+    assert findings_of(_report()) == []
+    cases = {
+        "xla-recompiles": _report(uncached_compiles=9),
+        "xla-fallback": _report(fallback_ops={"aten::nonzero": 3}),
+        "kv-not-aliased": _report(aliased_buffers={"prefill_32": 12, "decode_64": 0}),
+        "neuron-rejected-hlo": _report(hlo_opcodes={"prefill_32": {"while": 1}, "decode_64": {}}),
+        "dynamic-shape": _report(dynamic_dimensions={"decode_64": 2}),
+    }
+    for rule, report in cases.items():
+        assert [f.rule for f in findings_of(report)] == [rule]
+
+
+# ---- the SPMD layout of a shard plan -----------------------------------------------------------
+@pytest.mark.parametrize("name,tp", [("gemma-4-12b", 2), ("gemma-4-e4b", 2), ("llama", 4)])
+def test_spmd_model_is_the_same_model_and_its_even_slices_are_the_ranks(name, tp):
+    model = build_model(load_config(name, tiny=True), seed=0)
+    setup = RankSetup.for_layout(describe(model), tp)
+    spread, kv_heads = spmd_model(model, setup)
+    # the same function: eager graphs over the spread model (on one CPU) give Hugging Face's tokens
+    prompt = [2] + list(range(20, 40))
+    port = Port(copy.deepcopy(spread), setup.layout, [32], [64], kv_heads=kv_heads)
+    assert generate(port, [prompt], 12).tokens[0] == reference_generate(model, prompt, 12)["tokens"]
+    # device r's even slice of every split weight is rank r's shard
+    splits = list(weight_splits(spread, setup))
+    assert {spec for _, spec in splits} <= {COLUMN, ROW, ("tp",)}
+    for r in range(tp):
+        shard = dict(make_rank(setup, r, identity_reduce, model).model.named_parameters())
+        names = {id(p): n for n, p in spread.named_parameters()}
+        for tensor, spec in splits:
+            dim = 0 if spec[0] == "tp" else 1
+            assert torch.equal(tensor.chunk(tp, dim=dim)[r], shard[names[id(tensor)]]), names[id(tensor)]
+    assert all(n % tp == 0 for n in kv_heads.values())
+
+
+def test_spmd_refuses_a_straddling_plan():
+    text = tiny_config_dict(load_config_dict("gemma-4-e4b"))
+    text.update(num_attention_heads=6, num_key_value_heads=3)
+    model = build_model(family_for(text["model_type"]).make_config(text), seed=0)
+    with pytest.raises(ShardingError, match="straddles KV groups"):
+        spmd_model(model, RankSetup.for_layout(describe(model), 2))
+
+
+# ---- the transformers version gate -------------------------------------------------------------
+def test_an_old_transformers_is_refused_in_one_line(tmp_path):
+    """A transformers 5.23 distribution first on the path: import and command refuse it in one line."""
+    info = tmp_path / "transformers-5.23.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: transformers\nVersion: 5.23.0\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", "import neuron_port"], capture_output=True, text=True, env=env)
+    assert proc.returncode != 0 and "ImportError: neuron_port needs transformers >= 5.24" in proc.stderr
+    assert "found 5.23.0" in proc.stderr and "AttributeError" not in proc.stderr
+    proc = subprocess.run([sys.executable, "-c", "import sys, neuron_port_launcher; sys.exit(neuron_port_launcher.main())",
+                           "describe", "gemma-4-e2b"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("error: neuron_port needs transformers >= 5.24") and "found 5.23.0" in proc.stderr
+    assert transformers_problem("5.24.0") is None and transformers_problem("5.13.0") and transformers_problem(None)
