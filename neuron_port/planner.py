@@ -8,8 +8,10 @@ Formulas (all bytes; ``b`` = bytes per element of the dtype):
   head (vocab x hidden) replicated. Embedding tables stay on the host unless asked otherwise.
   Real parameter counts, never "effective" ones.
 * A second graph: ``torch_neuronx.trace`` gives prefill and decode their own neffs, each with its
-  own copy of the constants (x2 on one core, the field report's E4B overflow); ModelBuilder
-  (the nxd backend, used for tp > 1) shares one set of weights between its keys (x1).
+  own copy of the constants (x2, the field report's E4B overflow on one core). That is the
+  default, and what this library builds. neuronx-distributed's ModelBuilder shares one set of
+  weights between its keys (x1); ``graphs_share_weights=True`` (``plan --shared-weights``) plans
+  for it, and the default plan says what sharing would change when it would change the answer.
 * KV store = the runtime's own accounting (:func:`kvcache.kv_store_spec`): owners only, sliding
   owners as rings of the window, per rank at its local KV-head count.
 * Other = a runtime reserve (``RUNTIME_RESERVE``) plus the largest activation working set
@@ -171,13 +173,13 @@ class _Sizing:
     buckets: tuple[int, ...]
     batch: int
     embeddings_on_device: bool
-    graphs_share_weights: bool | None
+    graphs_share_weights: bool
 
     def per_core(self, t: int) -> dict[str, int]:
         """Bytes one core holds at tp ``t``: weights, a second graph's weights, KV, other."""
         layout, b = self.layout, self.dtype_bytes
         weights = device_params_per_core(layout, self.config, t, self.embeddings_on_device) * b
-        share = self.graphs_share_weights if self.graphs_share_weights is not None else t > 1
+        share = bool(self.graphs_share_weights)
         kv = kv_store_spec(layout, self.context, kv_heads=_rank0_kv_heads(layout, t)).total_bytes(self.batch, b)
         widest = max(max(2 * s.intermediate_size // t, (s.n_q + 2 * s.n_kv) * s.head_dim) for s in layout.layers)
         activations = self.batch * max(self.buckets) * widest * 4 + self.batch * layout.vocab_size * 4
@@ -207,6 +209,11 @@ def _fit_reasons(sizing: _Sizing, chosen: int, cores: dict[str, int], ok: bool, 
     )
     if recommended is None:
         reasons.append(f"no tp up to {target.cores} cores fits {target.name}")
+    if cores["second_graph"] and not ok:
+        shared = sum(cores.values()) - cores["second_graph"]
+        if shared <= target.hbm_per_core:
+            reasons.append(f"with one set of weights shared by both graphs (neuronx-distributed's ModelBuilder, "
+                           f"plan --shared-weights) tp {chosen} would take {shared / GiB:.2f} GiB per core and fit")
     return reasons
 
 
@@ -237,9 +244,12 @@ def plan_capacity(
     buckets: tuple[int, ...] = (128,),
     batch: int = 1,
     embeddings_on_device: bool = False,
-    graphs_share_weights: bool | None = None,
+    graphs_share_weights: bool = False,
 ) -> Plan:
-    """The capacity plan at ``tp`` (or at the recommended degree when ``tp`` is None)."""
+    """The capacity plan at ``tp`` (or at the recommended degree when ``tp`` is None).
+
+    ``graphs_share_weights``: prefill and decode hold one set of weights (ModelBuilder) instead
+    of one each (separately traced graphs, what this library builds)."""
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, found {dtype!r}")
     b = DTYPE_BYTES[dtype]

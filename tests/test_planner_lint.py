@@ -30,7 +30,11 @@ def test_plan_recommendations_and_reasons():
     why = " ".join(e4b["reasons"])
     assert "tp 1 does not fit" in why and "7.46 B real parameters" in why and "effective" in why
     b12 = _plan_json("gemma-4-12b")
-    assert b12["recommended_tp"] == 2
+    # two separately traced graphs at tp 2 need ~25 GiB per core; ModelBuilder's shared weights fit
+    assert b12["recommended_tp"] is None and b12["tp"] == 2 and not b12["fits"]
+    assert "would take" in " ".join(b12["reasons"]) and "plan --shared-weights" in " ".join(b12["reasons"])
+    shared = _plan_json("gemma-4-12b", "--shared-weights")
+    assert shared["recommended_tp"] == 2 and shared["fits"] and shared["per_core_bytes"]["second_graph"] == 0
     for d, measured in ((e2b, 44.0), (e4b, 36.0), (b12, 15.0)):
         assert d["roofline_tok_per_s"] > d["measured_tok_per_s"] == measured
         for key in ("model", "target", "tp", "per_core_bytes", "kv_bytes", "kv_bytes_owners_full_length", "kv_bytes_naive",
