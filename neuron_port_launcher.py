@@ -13,6 +13,8 @@ def main() -> int:
     try:
         from neuron_port.cli import main as command
     except ImportError as exc:
+        if not getattr(exc, "neuron_port_refusal", False):
+            raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return command()

@@ -7,8 +7,8 @@ Two parts, one JSON:
   device: the port (prefill + decode graphs, one sync per step, the KV store aliased) and Hugging
   Face ``generate`` with its static cache (``cache_implementation="static"``), each run twice
   (cold: with its compiles; warm: the same call again). Per side: uncached and cached compiles,
-  aten fallbacks, HLO instructions of the graphs it compiled (the mean per compiled module, and
-  the largest), ms per new token; ratios HF / port.
+  aten fallbacks, HLO instructions of what it compiled (in all and per compile) and XLA's compile
+  seconds, ms per new token; ratios HF / port.
 * ``real_e2b``: the real-size E2B decode graph (35 layers, hidden 1536, random bf16 weights at the
   real shapes; embeddings stay on the host as always, so the per-layer embedding table is never
   made) lowered and run once at KV length ``--kv-len``: its HLO instruction count, compile
@@ -22,17 +22,13 @@ Two parts, one JSON:
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import resource
-import statistics
 import time
-from pathlib import Path
 
 import torch
 
 from neuron_port import describe, load_config
-from neuron_port.backends.hlo_text import summarize
 from neuron_port.generation import generate
 from neuron_port.models import build_model
 from neuron_port.ranks import RankSetup
@@ -42,38 +38,33 @@ from neuron_port.xla_port import xla_port
 PROMPT_LEN = 20
 
 
-def _counters(met) -> dict[str, int]:
-    return {"uncached": met.counter_value("UncachedCompile") or 0, "cached": met.counter_value("CachedCompile") or 0,
-            **{k: met.counter_value(k) for k in met.counter_names() if k.startswith("aten::")}}
-
-
-def _measured(met, dump: Path, seen: set[str], run) -> dict:
-    """Run ``run()`` (returns new tokens); the compiles, fallbacks, new HLO modules and time it took."""
-    before, t0 = _counters(met), time.perf_counter()
-    tokens = run()
+def _measured(recorder, name: str, run) -> dict:
+    """Run ``run()`` (returns new tokens) under the backend's recorder: its compiles, cache hits,
+    fallbacks, the HLO it compiled and the time per new token."""
+    before, t0 = recorder.counters(), time.perf_counter()
+    tokens = recorder.watch(name, run)
     seconds = time.perf_counter() - t0
-    after = _counters(met)
-    new = [f for f in sorted(glob.glob(str(dump / "*after_optimizations.txt"))) if f not in seen]
-    seen.update(new)
-    sizes = [summarize(Path(f).read_text()).instructions for f in new]
-    out = {"uncached_compiles": after["uncached"] - before["uncached"], "cached_compiles": after["cached"] - before["cached"],
+    after = recorder.counters()
+    out = {"uncached_compiles": after.get("UncachedCompile", 0) - before.get("UncachedCompile", 0),
+           "cached_compiles": after.get("CachedCompile", 0) - before.get("CachedCompile", 0),
            "fallback_ops": {k: v - before.get(k, 0) for k, v in after.items() if k.startswith("aten::") and v > before.get(k, 0)},
            "ms_per_token": round(1e3 * seconds / len(tokens), 2), "tokens": tokens}
-    if sizes:  # HLO of the modules this run compiled (a warm run compiles none)
-        out.update(compiled_modules=len(sizes), hlo_instructions_mean=round(statistics.mean(sizes)),
-                   hlo_instructions_max=max(sizes))
+    compiled = recorder.graphs.get(name)
+    if compiled and compiled["hlo"]:  # a warm run compiles nothing
+        out.update(hlo_instructions_compiled=compiled["hlo"]["instructions"], compile_s=compiled["compile_s"],
+                   hlo_instructions_per_compile=round(compiled["hlo"]["instructions"] / out["uncached_compiles"]))
     return out
 
 
 def tiny_comparison(new_tokens: int) -> dict:
     import torch_xla
-    import torch_xla.debug.metrics as met
 
     model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
     prompt = [2] + list(range(30, 30 + PROMPT_LEN - 1))
     port, backend = xla_port(model, RankSetup.for_layout(describe(model), 1), PortShape(32, 64))
-    dump, seen = backend.recorder.dump, set()
-    port_runs = [_measured(met, dump, seen, lambda: generate(port, [prompt], new_tokens).tokens[0]) for _ in range(2)]
+    recorder = backend.recorder
+    port_runs = [_measured(recorder, f"port_{run}", lambda: generate(port, [prompt], new_tokens).tokens[0])
+                 for run in ("cold", "warm")]
     hf = model.to(torch_xla.device())
     ids = torch.tensor([prompt]).to(torch_xla.device())
 
@@ -83,7 +74,7 @@ def tiny_comparison(new_tokens: int) -> dict:
                               cache_implementation="static", pad_token_id=0, eos_token_id=None)
         return out[0, len(prompt):].tolist()
 
-    hf_runs = [_measured(met, dump, seen, hf_generate) for _ in range(2)]
+    hf_runs = [_measured(recorder, f"hf_{run}", hf_generate) for run in ("cold", "warm")]
     same = port_runs[0].pop("tokens") == hf_runs[0].pop("tokens")
     for run in port_runs[1:] + hf_runs[1:]:
         run.pop("tokens")

@@ -11,7 +11,7 @@ Formulas (all bytes; ``b`` = bytes per element of the dtype):
   own copy of the constants (x2, the field report's E4B overflow on one core). That is the
   default, and what this library builds. neuronx-distributed's ModelBuilder shares one set of
   weights between its keys (x1); ``graphs_share_weights=True`` (``plan --shared-weights``) plans
-  for it, and the default plan says what sharing would change when it would change the answer.
+  for it, and the default plan says so when sharing would change the recommended degree.
 * KV store = the runtime's own accounting (:func:`kvcache.kv_store_spec`): owners only, sliding
   owners as rings of the window, per rank at its local KV-head count.
 * Other = a runtime reserve (``RUNTIME_RESERVE``) plus the largest activation working set
@@ -28,6 +28,7 @@ Formulas (all bytes; ``b`` = bytes per element of the dtype):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -179,7 +180,7 @@ class _Sizing:
         """Bytes one core holds at tp ``t``: weights, a second graph's weights, KV, other."""
         layout, b = self.layout, self.dtype_bytes
         weights = device_params_per_core(layout, self.config, t, self.embeddings_on_device) * b
-        share = bool(self.graphs_share_weights)
+        share = self.graphs_share_weights
         kv = kv_store_spec(layout, self.context, kv_heads=_rank0_kv_heads(layout, t)).total_bytes(self.batch, b)
         widest = max(max(2 * s.intermediate_size // t, (s.n_q + 2 * s.n_kv) * s.head_dim) for s in layout.layers)
         activations = self.batch * max(self.buckets) * widest * 4 + self.batch * layout.vocab_size * 4
@@ -209,11 +210,14 @@ def _fit_reasons(sizing: _Sizing, chosen: int, cores: dict[str, int], ok: bool, 
     )
     if recommended is None:
         reasons.append(f"no tp up to {target.cores} cores fits {target.name}")
-    if cores["second_graph"] and not ok:
-        shared = sum(cores.values()) - cores["second_graph"]
-        if shared <= target.hbm_per_core:
-            reasons.append(f"with one set of weights shared by both graphs (neuronx-distributed's ModelBuilder, "
-                           f"plan --shared-weights) tp {chosen} would take {shared / GiB:.2f} GiB per core and fit")
+    if not sizing.graphs_share_weights:
+        shared = dataclasses.replace(sizing, graphs_share_weights=True)
+        valid = [t for t in valid_model_tp(sizing.layout) if t <= target.cores]
+        with_sharing = next((t for t in valid if shared.fits(t)), None)
+        if with_sharing != recommended and with_sharing is not None:
+            reasons.append(f"with one set of weights shared by both graphs (neuronx-distributed's ModelBuilder, plan "
+                           f"--shared-weights) the recommended tp would be {with_sharing}: "
+                           f"{sum(shared.per_core(with_sharing).values()) / GiB:.2f} GiB per core")
     return reasons
 
 

@@ -77,7 +77,7 @@ def check_on_xla(model: Any, setup: Any, shape: Any, args: argparse.Namespace) -
     from neuron_port.generation import generate
     from neuron_port.prompts import random_prompt
     from neuron_port.validation import compare_with_reference
-    from neuron_port.xla_lint import findings_of
+    from neuron_port.xla_lint import format_report, lowering_result
     from neuron_port.xla_port import xla_port
 
     port, backend = xla_port(model, setup, shape)
@@ -85,12 +85,8 @@ def check_on_xla(model: Any, setup: Any, shape: Any, args: argparse.Namespace) -
     prompt = random_prompt(setup.layout.vocab_size, args.prompt_len, bos=family.special_ids(family.text_config_of(model)).bos)
     got = generate(port, [prompt], args.max_new_tokens)
     result = compare_with_reference({"tokens": got.tokens[0]}, model, prompt, args.max_new_tokens)
-    x = backend.report()
-    aliased = [f"{x['aliased_buffers'][graph]}/{kv}" for graph, kv in x["kv_tensors"].items()]
-    reduces = [ops.get("all-reduce", 0) for ops in x["hlo_opcodes"].values()]
-    print(f"[xla] {x['devices']} device(s): {x['uncached_compiles']} compiles for {x['graphs']} graphs, "
-          f"{x['cached_compiles']} cached; fallbacks {x['fallback_ops'] or 'none'}; aliased/KV {aliased}; "
-          f"all-reduce per graph {reduces}; findings {len(findings_of(x))}")
+    lowering = lowering_result(setup.layout.model_type, setup.tp, backend.report())
+    print("\n".join(f"[xla] {line}" for line in format_report(lowering).splitlines()))
     print(f"SEQ_MATCH {result['seq_match']}")
     return 0 if result["seq_match"] else 1
 

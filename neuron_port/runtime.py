@@ -244,16 +244,10 @@ class Generator:
         of a CPU decode step at the mid-size benchmark variant), or in ``no_grad`` where the
         runners cannot (XLA). Tensors it hands back (kept logits) may be inference tensors: read
         them freely, but clone one before changing it in place outside inference mode. The port's
-        reused decode inputs stay ordinary tensors. The mode is held only while the loop runs, not
-        while the caller handles a yielded event."""
+        reused decode inputs stay ordinary tensors."""
         mode = torch.inference_mode if self.port.runners.inference_mode else torch.no_grad
-        steps = self._steps(prompts, params, run, keep_logits, cancelled)
-        while True:
-            with mode():
-                event = next(steps, None)
-            if event is None:
-                return
-            yield event
+        # As a decorator on a generator, torch holds the mode around each step of it, not across yields.
+        return mode()(self._steps)(prompts, params, run, keep_logits, cancelled)
 
     def _steps(self, prompts, params, run, keep_logits, cancelled) -> Iterator[TokenEvent]:
         port = self.port

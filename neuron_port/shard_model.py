@@ -47,7 +47,8 @@ class RowParallelLinear(nn.Module):
         return y + self.bias if self.bias is not None else y
 
 
-def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+def linear_from(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    """A frozen ``nn.Linear`` holding ``weight`` [out, in] and ``bias`` [out] (copies)."""
     layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=weight.dtype)
     with torch.no_grad():
         layer.weight.copy_(weight)
@@ -78,14 +79,14 @@ def shard_model(
         attn = family.attention(layer)
         proj = family.attention_projections(attn)
         q, o = proj["q"], proj["o"]
-        family.set_attention_projection(attn, "q", _linear(
+        family.set_attention_projection(attn, "q", linear_from(
             head_rows(q.weight, heads.q_heads, d),
             head_rows(q.bias[:, None], heads.q_heads, d)[:, 0] if q.bias is not None else None))
         for role in ("k", "v"):
             kv = proj[role]
             if kv is not None:
                 bias = head_rows(kv.bias[:, None], heads.kv_heads, d)[:, 0] if kv.bias is not None else None
-                family.set_attention_projection(attn, role, _linear(head_rows(kv.weight, heads.kv_heads, d), bias))
+                family.set_attention_projection(attn, role, linear_from(head_rows(kv.weight, heads.kv_heads, d), bias))
         family.set_attention_projection(attn, "o", RowParallelLinear(head_columns(o.weight, heads.q_heads, d), o.bias, reduce))
         if heads.groups is not None:
             family.set_kv_groups(attn, heads.groups)
@@ -94,10 +95,10 @@ def shard_model(
         for role in ("gate", "up"):
             w = ff[role]
             bias = column_split(w.bias[:, None], tp, rank)[:, 0] if w.bias is not None else None
-            family.set_mlp_projection(mlp, role, _linear(column_split(w.weight, tp, rank), bias))
+            family.set_mlp_projection(mlp, role, linear_from(column_split(w.weight, tp, rank), bias))
         down = ff["down"]
         family.set_mlp_projection(mlp, "down", RowParallelLinear(row_split(down.weight, tp, rank), down.bias, reduce))
     return shard
 
 
-__all__ = ["RowParallelLinear", "shard_model"]
+__all__ = ["RowParallelLinear", "linear_from", "shard_model"]

@@ -22,19 +22,11 @@ from torch import nn
 
 from neuron_port.errors import ShardingError
 from neuron_port.ranks import RankSetup, check_setup_matches
+from neuron_port.shard_model import linear_from
 from neuron_port.sharding import expanded_kv_rows
 
 COLUMN = ("tp", None)  # rows split: each device holds its output features
 ROW = (None, "tp")  # columns split: each device holds its input features; partial sums are all-reduced
-
-
-def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
-    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=weight.dtype)
-    with torch.no_grad():
-        layer.weight.copy_(weight)
-        if bias is not None:
-            layer.bias.copy_(bias)
-    return layer.requires_grad_(False)
 
 
 def spmd_model(model: nn.Module, setup: RankSetup) -> tuple[nn.Module, dict[int, int]]:
@@ -59,7 +51,7 @@ def spmd_model(model: nn.Module, setup: RankSetup) -> tuple[nn.Module, dict[int,
                 bias = proj[role].bias
                 rows = expanded_kv_rows(proj[role].weight.detach(), heads, spec.head_dim)
                 expanded_bias = expanded_kv_rows(bias.detach()[:, None], heads, spec.head_dim)[:, 0] if bias is not None else None
-                family.set_attention_projection(attn, role, _linear(rows, expanded_bias))
+                family.set_attention_projection(attn, role, linear_from(rows, expanded_bias))
         kv_heads[spec.index] = tp * len(heads.ranks[0].kv_heads)
         family.set_kv_groups(attn, heads.ranks[0].groups)
     return out, kv_heads

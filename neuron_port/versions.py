@@ -15,7 +15,8 @@ MIN_TRANSFORMERS = (5, 24)
 
 
 def _release(text: str) -> tuple[int, ...]:
-    """The leading ``major.minor`` numbers of a version string ("5.24.0.dev0" -> (5, 24))."""
+    """The leading ``major.minor`` numbers of a version string ("5.24.0.dev0" -> (5, 24): a 5.24
+    pre-release counts as 5.24, which has the ``cache=`` keyword and the Gemma-4 classes)."""
     match = re.match(r"(\d+)(?:\.(\d+))?", text)
     return tuple(int(g) for g in match.groups() if g is not None) if match else ()
 
@@ -32,14 +33,19 @@ def transformers_problem(found: str | None) -> str | None:
 
 
 def check_transformers() -> None:
-    """Raise ImportError with one line when the installed transformers is too old (or missing)."""
+    """Raise ImportError with one line when the installed transformers is too old (or missing).
+
+    The version is read from the installed distribution's metadata (nothing imported); a
+    transformers importable without metadata (a bare source checkout) counts as missing."""
     try:
         found: str | None = metadata.version("transformers")
     except metadata.PackageNotFoundError:
         found = None
     problem = transformers_problem(found)
     if problem is not None:
-        raise ImportError(problem)
+        refusal = ImportError(problem)
+        refusal.neuron_port_refusal = True  # the launcher prints it as one line; other import errors keep their traceback
+        raise refusal
 
 
 __all__ = ["MIN_TRANSFORMERS", "transformers_problem", "check_transformers"]

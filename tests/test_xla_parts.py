@@ -125,3 +125,55 @@ def test_an_old_transformers_is_refused_in_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1
     assert proc.stderr.startswith("error: neuron_port needs transformers >= 5.24") and "found 5.23.0" in proc.stderr
     assert transformers_problem("5.24.0") is None and transformers_problem("5.13.0") and transformers_problem(None)
+
+
+def test_spmd_layout_carries_biases_of_the_split_projections():
+    """Llama with attention biases: the expanded K/V biases and the split q bias are the ranks' too."""
+    from neuron_port.configs import load_config_dict
+
+    text = {**tiny_config_dict(load_config_dict("llama")), "attention_bias": True}
+    model = build_model(family_for("llama").make_config(text), seed=0)
+    for layer in family_for("llama").decoder_layers(model):
+        for proj in family_for("llama").attention_projections(family_for("llama").attention(layer)).values():
+            if proj is not None and proj.bias is not None:
+                torch.nn.init.normal_(proj.bias, std=0.5)  # visible biases (they start at zero)
+    setup = RankSetup.for_layout(describe(model), 4)  # 2 kv heads over 4 ranks: replicated
+    spread, kv_heads = spmd_model(model, setup)
+    prompt = [2] + list(range(20, 40))
+    port = Port(copy.deepcopy(spread), setup.layout, [32], [64], kv_heads=kv_heads)
+    assert generate(port, [prompt], 10).tokens[0] == reference_generate(model, prompt, 10)["tokens"]
+    names = {id(p): n for n, p in spread.named_parameters()}
+    biases = [(t, spec) for t, spec in weight_splits(spread, setup) if t.dim() == 1]
+    assert biases and all(spec == ("tp",) for _, spec in biases)
+    for r in range(4):
+        shard = dict(make_rank(setup, r, identity_reduce, model).model.named_parameters())
+        for tensor, _ in biases:
+            assert torch.equal(tensor.chunk(4)[r], shard[names[id(tensor)]]), names[id(tensor)]
+
+
+def test_the_runtime_takes_the_grad_mode_its_runners_allow():
+    from neuron_port.runtime import GenerationParams, Generator
+
+    model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
+    port = Port(copy.deepcopy(model), describe(model), [16], [32])
+    for allowed in (True, False):
+        port.runners.inference_mode = allowed
+        seen = []
+        original = port.runners.decode[32]
+        port.runners.decode[32] = lambda *a, _f=original: (seen.append(torch.is_inference_mode_enabled()), _f(*a))[1]
+        events = Generator(port).stream_batch([[2, 5, 6]], GenerationParams(4))
+        next(events)
+        assert not torch.is_inference_mode_enabled()  # not held while the caller handles an event
+        list(events)
+        assert seen and all(s == allowed for s in seen)
+        port.runners.decode[32] = original
+
+
+def test_a_grown_store_stays_on_its_device():
+    from neuron_port.kvcache import KVStore, kv_store_spec
+
+    layout = describe(load_config("gemma-4-e2b", tiny=True))
+    small, large = kv_store_spec(layout, 16), kv_store_spec(layout, 32)
+    store = KVStore.from_tensors(small, [t.to("meta") for t in small.allocate(1)])
+    grown = store.grow(large, torch.tensor([15]))
+    assert all(t.device.type == "meta" for t in grown) and [t.shape for t in grown] == [t.shape for t in large.allocate(1)]

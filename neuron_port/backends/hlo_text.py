@@ -3,7 +3,8 @@
 Pure string parsing, so it is tested without torch-xla. For an SPMD program the optimized module
 is the per-device (partitioned) program: its collectives are the ones each device runs.
 
-* instructions: every ``name = shape opcode(...)`` line, in every computation (fusions included);
+* instructions: every ``name = shape opcode(...)`` line, in every computation (fusions included;
+  tuple shapes nested one level deep, as XLA writes them);
 * opcodes: how many instructions of each opcode;
 * aliased buffers: entries of the module's ``input_output_alias`` (outputs that reuse an
   input's buffer: a KV store that stays resident);
@@ -17,7 +18,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(?P<shape>\([^()]*\)|\S+)\s+(?P<opcode>[a-z][\w\-]*)\(", re.M)
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(?P<shape>\((?:[^()]|\([^()]*\))*\)|\S+)\s+(?P<opcode>[a-z][\w\-]*)\(", re.M)
 _ALIAS = re.compile(r"input_output_alias=\{(?P<body>.*?)\}\s*(?:,\s*\w+=|$)", re.S)
 _ALIAS_ENTRY = re.compile(r"\{[\d,\s]*\}\s*:\s*\(")
 _DYNAMIC_DIM = re.compile(r"\[[^\]]*<=[^\]]*\]")

@@ -5,14 +5,16 @@ graphs through torch-xla, lower them to XLA HLO and hand that to neuronx-cc. Wit
 ``PJRT_DEVICE=CPU`` the same lowering runs here, on XLA's CPU device. This backend keeps the
 graphs, their weights and the KV store on the XLA device:
 
-* one sync per step (host inputs go to the device, the step runs, the logits come back);
+* one sync per step (host inputs go to the device, the step runs, the logits come back); a store
+  grown between steps is materialised by one more, as a small graph of its own;
 * the store's tensors are written back in place after every step, so XLA aliases (donates) them
   to the step's outputs and the store stays resident; a grown store is made on the device;
 * graphs run under ``no_grad``, never ``inference_mode`` (lazy tensors cannot be inference tensors);
 * with ``setup`` at tp > 1: SPMD over tp CPU devices (``xr.use_spmd()``, a 1-D ``tp`` mesh); the
   weights are annotated from the setup's shard plan (q, k, v, gate, up split by rows; o, down by
-  columns) and the store by KV head, so device r holds exactly rank r's shard (see
-  :mod:`neuron_port.spmd`) and XLA's partitioner writes the all-reduce.
+  columns; norms, embeddings' LM head and the rest replicated) and the store by KV head, so device
+  r holds exactly rank r's shard of every split weight (see :mod:`neuron_port.spmd`) and XLA's
+  partitioner writes the all-reduce.
 
 :class:`LoweringRecorder` keeps the facts of the lowering: compiles (cached and not), aten
 fallbacks, and per graph its HLO instruction and opcode counts and aliased buffers, read from the
@@ -22,8 +24,10 @@ functions only; without it, :class:`XlaBackend` raises one line saying how to in
 
 from __future__ import annotations
 
+import atexit
 import glob
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -32,7 +36,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from neuron_port.backends.hlo_text import summarize
+from neuron_port.backends.hlo_text import HloSummary, summarize
 from neuron_port.backends.sdk import BackendUnavailableError
 from neuron_port.errors import NeuronPortError
 from neuron_port.step import INPUT_NAMES
@@ -42,22 +46,37 @@ XLA_HINT = ("install torch-xla beside the matching torch, in its own virtualenv 
 _PROCESS: dict[str, Any] = {}  # XLA's runtime is per process: its device count and dump folder are fixed once
 
 
-def _prepare_process(devices: int) -> Path:
-    """Environment XLA reads when its runtime starts: the CPU device count and a dump folder."""
+def _prepare_process(xla: Any, devices: int) -> Path | None:
+    """What XLA reads when its runtime starts in this process: the CPU device count and a folder
+    to dump optimized HLO into (ours, emptied as it is read and removed at exit, unless
+    ``XLA_FLAGS`` names one). Returns the dump folder, None when HLO cannot be observed (the runtime
+    started before this backend without one)."""
     if "devices" in _PROCESS:
         if _PROCESS["devices"] != devices:
             raise NeuronPortError(f"this process's XLA runtime already runs {_PROCESS['devices']} device(s); "
                                   f"a {devices}-device backend needs a new process")
         return _PROCESS["dump"]
+    flags = os.environ.get("XLA_FLAGS", "")
+    named = Path(flags.split("--xla_dump_to=", 1)[1].split()[0]) if "--xla_dump_to=" in flags else None
+    if xla._XLAC._xla_runtime_is_initialized():
+        import torch_xla.runtime as xr
+
+        running = xr.global_runtime_device_count()
+        if running != devices:
+            raise NeuronPortError(f"this process's XLA runtime started with {running} device(s) before the backend; "
+                                  f"a {devices}-device backend needs a new process")
+        _PROCESS.update(devices=devices, dump=named if "--xla_dump_hlo_as_text" in flags else None, ours=False)
+        return _PROCESS["dump"]
     os.environ.setdefault("PJRT_DEVICE", "CPU")
     os.environ["CPU_NUM_DEVICES"] = str(devices)
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "--xla_dump_to=" in flags:
-        dump = Path(flags.split("--xla_dump_to=", 1)[1].split()[0])
-    else:
-        dump = Path(tempfile.mkdtemp(prefix="neuron_port_hlo_"))
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_dump_to={dump} --xla_dump_hlo_as_text".strip()
-    _PROCESS.update(devices=devices, dump=dump)
+    dump = named or Path(tempfile.mkdtemp(prefix="neuron_port_hlo_"))
+    if named is None:
+        flags += f" --xla_dump_to={dump}"
+        atexit.register(shutil.rmtree, dump, ignore_errors=True)
+    if "--xla_dump_hlo_as_text" not in flags:
+        flags += " --xla_dump_hlo_as_text"
+    os.environ["XLA_FLAGS"] = flags.strip()
+    _PROCESS.update(devices=devices, dump=dump, ours=named is None)
     return dump
 
 
@@ -71,48 +90,66 @@ def require_xla() -> Any:
 
 
 class LoweringRecorder:
-    """Compile counters since the backend started, and per graph what its first run compiled."""
+    """Compile counters since the backend started, and per graph what compiled when it ran.
 
-    def __init__(self, dump: Path):
+    A graph whose compiled program came from XLA's in-process cache (the same graph compiled
+    earlier in this process) compiles nothing here, so nothing is known of its HLO: the report
+    lists it under ``kv_tensors`` without HLO facts, and the lint says it was not observed.
+    """
+
+    def __init__(self, dump: Path | None, ours: bool):
         import torch_xla.debug.metrics as met
 
-        self.met, self.dump = met, dump
-        self.start = self._counters()
+        self.met, self.dump, self.ours = met, dump, ours
+        self.start = self.counters()
         self.graphs: dict[str, dict[str, Any]] = {}
-        self._seen_files = set(self._dumped())
+        self._read: set[str] = set(self._dumped())
 
-    def _counters(self) -> dict[str, int]:
+    def counters(self) -> dict[str, int]:
+        """Every torch-xla counter now (compiles, cache hits, aten fallbacks, ...)."""
         return {name: self.met.counter_value(name) or 0 for name in self.met.counter_names()}
-
-    def _dumped(self) -> list[str]:
-        return sorted(glob.glob(str(self.dump / "*after_optimizations.txt")))
 
     def _compile_state(self) -> tuple[int, float]:
         compile_time = self.met.metric_data("CompileTime")
         return self.met.counter_value("UncachedCompile") or 0, compile_time[1] if compile_time else 0.0
 
+    def _dumped(self) -> list[str]:
+        return sorted(glob.glob(str(self.dump / "*after_optimizations.txt"))) if self.dump is not None else []
+
+    def _take_new_modules(self) -> list[HloSummary]:
+        """The optimized modules dumped since the last call; our own dump folder is emptied after."""
+        new = [f for f in self._dumped() if f not in self._read]
+        summaries = [summarize(Path(f).read_text()) for f in new]
+        self._read.update(new)
+        if self.ours:  # XLA also dumps LLVM IR and objects per fusion: read what we need, drop the rest
+            for path in self.dump.iterdir():
+                path.unlink(missing_ok=True) if path.is_file() else shutil.rmtree(path, ignore_errors=True)
+            self._read.clear()
+        return summaries
+
     def watch(self, name: str, step) -> Any:
         """Run ``step()``; what it compiled (if anything) is recorded under ``name`` (two counter
         reads per step when nothing compiles)."""
-        (before, ns_before), t0 = self._compile_state(), time.perf_counter()
+        before, ns_before = self._compile_state()
         result = step()
         after, ns_after = self._compile_state()
         if after > before:
-            new = [f for f in self._dumped() if f not in self._seen_files]
-            self._seen_files.update(new)
-            self.graphs[name] = {
-                "compiles": after - before,
-                "compile_s": round((ns_after - ns_before) / 1e9, 3),
-                "first_run_s": round(time.perf_counter() - t0, 3),
-                "hlo": [summarize(Path(f).read_text()).to_json() for f in new],
-            }
+            modules = self._take_new_modules()
+            total = HloSummary()
+            for m in modules:
+                total.instructions += m.instructions
+                total.opcodes.update(m.opcodes)
+                total.aliased_buffers += m.aliased_buffers
+                total.dynamic_dimensions += m.dynamic_dimensions
+            self.graphs[name] = {"compiles": after - before, "compile_s": round((ns_after - ns_before) / 1e9, 3),
+                                 "hlo": total.to_json() if modules else None}
         return result
 
     def report(self, devices: int, kv_tensors: dict[str, int]) -> dict[str, Any]:
         """The lowering report (the ``xla`` field of ``neuron-port port --json``)."""
-        now = self._counters()
+        now = self.counters()
         fallbacks = {k: now[k] - self.start.get(k, 0) for k in now if k.startswith("aten::") and now[k] > self.start.get(k, 0)}
-        hlo = {name: g["hlo"][-1] for name, g in self.graphs.items() if g["hlo"]}
+        hlo = {name: g["hlo"] for name, g in self.graphs.items() if g["hlo"] is not None}
         return {
             "devices": devices,
             "graphs": len(self.graphs),
@@ -123,9 +160,8 @@ class LoweringRecorder:
             "hlo_opcodes": {name: h["opcodes"] for name, h in hlo.items()},
             "aliased_buffers": {name: h["aliased_buffers"] for name, h in hlo.items()},
             "dynamic_dimensions": {name: h["dynamic_dimensions"] for name, h in hlo.items()},
-            "kv_tensors": {name: kv_tensors[name] for name in hlo if name in kv_tensors},
+            "kv_tensors": dict(kv_tensors),
             "compile_s": {name: g["compile_s"] for name, g in self.graphs.items()},
-            "hlo_dump": str(self.dump),
         }
 
 
@@ -141,8 +177,8 @@ class XlaRunner:
     write_back = True
     sync_each_step = True
 
-    def __init__(self, backend: "XlaBackend", name: str, graph: nn.Module):
-        self.backend, self.name, self.graph = backend, name, graph
+    def __init__(self, backend: "XlaBackend", name: str, graph: nn.Module, kv_tensors: int):
+        self.backend, self.name, self.graph, self.kv_tensors = backend, name, graph, kv_tensors
 
     def _sync(self) -> None:
         if self.sync_each_step:
@@ -152,8 +188,9 @@ class XlaRunner:
         backend = self.backend
         n = len(INPUT_NAMES)
         kv = [t if t.device.type == "xla" else backend.place_kv(t) for t in args[n:]]
-        # A store grown between steps is still a pending computation: run it as its own graph.
-        backend.recorder.watch(f"kv_grow_to_{self.name.split('_')[-1]}", self._sync)
+        if any(id(t) not in backend.resident for t in kv if t.device.type == "xla") and args[n].device.type == "xla":
+            # a store grown between steps is still a pending computation: it runs as its own small graph
+            backend.recorder.watch(f"kv_grow_to_{self.name.split('_')[-1]}", self._sync)
         inputs = [x.to(backend.device) for x in args[:n]]
 
         def step() -> tuple[torch.Tensor, ...]:
@@ -167,6 +204,8 @@ class XlaRunner:
             return (out[0], *kv)
 
         out = backend.recorder.watch(self.name, step)
+        backend.ran[self.name] = self.kv_tensors
+        backend.resident = {id(t) for t in out[1:]}
         return (out[0].cpu(), *out[1:])
 
 
@@ -181,8 +220,8 @@ class XlaBackend:
     def __init__(self, setup=None):
         self.setup = setup
         self.devices = setup.tp if setup is not None else 1
-        dump = _prepare_process(self.devices)
-        self.xla = require_xla()
+        self.xla = require_xla()  # before anything is changed: without torch-xla, one line and nothing else
+        dump = _prepare_process(self.xla, self.devices)
         import torch_xla.runtime as xr
 
         if self.devices > 1:
@@ -195,9 +234,10 @@ class XlaBackend:
             self.xs = xs
             self.mesh = xs.Mesh(np.arange(self.devices), (self.devices,), ("tp",))
         self.device = self.xla.device()
-        self.recorder = LoweringRecorder(dump)
+        self.recorder = LoweringRecorder(dump, bool(_PROCESS.get("ours")))
         self._placed: set[int] = set()
-        self._kv_tensors: dict[str, int] = {}
+        self.ran: dict[str, int] = {}  # graph name -> KV tensors it takes, for every graph that ran
+        self.resident: set[int] = set()  # the store tensors the last step left on the device
 
     def place_kv(self, tensor: torch.Tensor) -> torch.Tensor:
         """A store tensor moved to the device, split by KV head over the mesh at tp > 1."""
@@ -223,13 +263,12 @@ class XlaBackend:
         self._place_model(graph.model)
         for name, buf in list(graph.named_buffers(recurse=False)):
             setattr(graph, name, buf.to(self.device))
-        name = f"{'prefill_' + str(graph.seq) if graph.prefill else 'decode_' + str(graph.spec.kv_len)}"
-        self._kv_tensors[name] = len(aliases)
-        return XlaRunner(self, name, graph)
+        name = f"prefill_{graph.seq}" if graph.prefill else f"decode_{graph.spec.kv_len}"
+        return XlaRunner(self, name, graph, len(aliases))
 
     def report(self) -> dict[str, Any]:
         """What the lowering of every graph run so far looked like (see :class:`LoweringRecorder`)."""
-        return self.recorder.report(self.devices, self._kv_tensors)
+        return self.recorder.report(self.devices, self.ran)
 
     def save(self, runnable: Any, path: Path) -> None:
         raise NeuronPortError("xla graphs are lowered and checked in process (neuron-port port --backend xla); "

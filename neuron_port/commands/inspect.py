@@ -76,7 +76,7 @@ def _lint_xla(args: argparse.Namespace) -> int:
         print_json(result)
     else:
         print(format_report(result))
-    return 0
+    return 1 if result["errors"] else 0
 
 
 def add(sub) -> None:
