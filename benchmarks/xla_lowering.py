@@ -75,6 +75,10 @@ def tiny_comparison(new_tokens: int) -> dict:
         return out[0, len(prompt):].tolist()
 
     hf_runs = [_measured(recorder, f"hf_{run}", hf_generate) for run in ("cold", "warm")]
+    lowered = backend.report()  # the port's graphs were recorded by its own runners
+    port_runs[0].update(hlo_instructions_compiled=sum(lowered["hlo_instructions"].get(g, 0) for g in ("prefill_32", "decode_64")),
+                        compile_s=round(sum(lowered["compile_s"].get(g, 0) for g in ("prefill_32", "decode_64")), 3),
+                        hlo_instructions_per_graph={g: lowered["hlo_instructions"][g] for g in ("prefill_32", "decode_64")})
     same = port_runs[0].pop("tokens") == hf_runs[0].pop("tokens")
     for run in port_runs[1:] + hf_runs[1:]:
         run.pop("tokens")
