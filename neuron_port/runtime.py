@@ -26,50 +26,13 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import torch
 
-from neuron_port.sampling import SamplingParams, sample_token
+from neuron_port.rows import Completion, GenerationParams, RowState, Step, TokenEvent, advance, new_row
 from neuron_port.shapes import select_bucket
 from neuron_port.step import run_step
 
 if TYPE_CHECKING:
     from neuron_port.kvcache import KVStore
     from neuron_port.port import Port
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    max_new_tokens: int = 64
-    sampling: SamplingParams = SamplingParams()
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    stop_strings: tuple[str, ...] = ()
-    on_kv_full: str = "grow"  # "grow" | "stop"
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, found {self.max_new_tokens}")
-        if self.on_kv_full not in ("grow", "stop"):
-            raise ValueError(f"on_kv_full must be 'grow' or 'stop', found {self.on_kv_full!r}")
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    """One generated token of one row. ``text`` is the newly released text (may be empty)."""
-
-    row: int
-    index: int
-    token_id: int
-    text: str
-    host_ms: float
-    graph_ms: float
-    finish_reason: str | None = None
-
-
-@dataclass
-class Completion:
-    prompt_tokens: int
-    tokens: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None
 
 
 @dataclass
@@ -84,52 +47,6 @@ class BatchRun:
     step_logits: list[torch.Tensor] = field(default_factory=list)
 
 
-class _TextState:
-    """Incremental detokenisation with stop strings (text that may start a stop string is held back)."""
-
-    def __init__(self, tokenizer, stops: Sequence[str]):
-        self.tokenizer = tokenizer
-        self.stops = [s for s in stops if s]
-        self.hold = max((len(s) for s in self.stops), default=1) - 1
-        self.released = 0
-        self.text = ""
-
-    def push(self, tokens: list[int]) -> tuple[str, bool]:
-        """Returns (newly released text, stop string hit)."""
-        if self.tokenizer is None:
-            return "", False
-        full = self.tokenizer.decode(tokens)
-        for stop in self.stops:
-            at = full.find(stop, max(0, self.released - len(stop)))
-            if at != -1:
-                self.text = full[:at]
-                piece = self.text[self.released:]
-                self.released = len(self.text)
-                return piece, True
-        self.text = full
-        end = max(self.released, len(full) - self.hold)
-        piece = full[self.released:end]
-        self.released = end
-        return piece, False
-
-    def flush(self) -> str:
-        piece = self.text[self.released:]
-        self.released = len(self.text)
-        return piece
-
-
-@dataclass
-class RowState:
-    """One row's decoding state: its parameters, output so far, sampler stream, text and stop state."""
-
-    params: GenerationParams
-    completion: Completion
-    sampler: torch.Generator
-    text: _TextState
-    history: list[int]
-    done: bool = False
-
-
 def pad_prompts(prompts: Sequence[Sequence[int]], buckets: Sequence[int], pad_id: int) -> tuple[int, torch.Tensor, torch.Tensor]:
     """Right-pad the prompts into the first bucket that holds the longest one.
 
@@ -141,24 +58,12 @@ def pad_prompts(prompts: Sequence[Sequence[int]], buckets: Sequence[int], pad_id
     return bucket, ids, torch.tensor([len(p) for p in prompts], dtype=torch.long)
 
 
-def _finish_reason(row: RowState, token: int, hit_stop_string: bool, position: int, kv_len: int, can_grow: bool) -> str | None:
-    p = row.params
-    if token in p.stop_token_ids or hit_stop_string:
-        return "stop"
-    if len(row.completion.tokens) >= p.max_new_tokens:
-        return "length"
-    if position >= kv_len and (p.on_kv_full == "stop" or not can_grow):
-        return "length"
-    return None
-
-
 def pick_tokens(rows: list[RowState], logits: torch.Tensor, positions: torch.Tensor, kv_len: int, can_grow: bool,
                 softcap: float | None, pad_id: int, cancelled: Callable[[int], bool] | None = None
-                ) -> tuple[torch.Tensor, list[tuple[int, int, int, str, str | None]]]:
-    """Sample the next token of every live row from logits [batch, vocab] and settle its stop.
+                ) -> tuple[torch.Tensor, list[tuple[int, Step]]]:
+    """Advance every live row from logits [batch, vocab] (:func:`rows.advance`).
 
-    Returns (next tokens [batch], with ``pad_id`` for finished rows; one event
-    ``(row, index, token, released text, finish reason)`` per live row)."""
+    Returns (next tokens [batch], with ``pad_id`` for finished rows; ``(row, step)`` per live row)."""
     next_tok = torch.full((len(rows),), pad_id, dtype=torch.long)
     events = []
     for r, row in enumerate(rows):
@@ -166,18 +71,9 @@ def pick_tokens(rows: list[RowState], logits: torch.Tensor, positions: torch.Ten
             row.done, row.completion.finish_reason = True, "cancelled"
         if row.done:
             continue
-        p, c = row.params, row.completion
-        recent = row.history if p.sampling.repetition_penalty != 1.0 else ()
-        tok = sample_token(logits[r], p.sampling, softcap, row.sampler, recent)
-        c.tokens.append(tok)
-        row.history.append(tok)
-        next_tok[r] = tok
-        piece, hit_stop_string = row.text.push(c.tokens)
-        reason = _finish_reason(row, tok, hit_stop_string, int(positions[r]), kv_len, can_grow)
-        if reason is not None:
-            piece += row.text.flush() if not hit_stop_string else ""
-            row.done, c.finish_reason, c.text = True, reason, row.text.text
-        events.append((r, len(c.tokens) - 1, tok, piece, reason))
+        step = advance(row, logits[r], int(positions[r]), kv_len, can_grow, softcap)
+        next_tok[r] = step.token
+        events.append((r, step))
     return next_tok, events
 
 
@@ -224,10 +120,7 @@ class Generator:
         self.port.check_batch(batch)
         if any(p.stop_strings for p in per_row) and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
-        return [RowState(p, Completion(prompt_tokens=len(prompt)),
-                     torch.Generator().manual_seed(p.seed if p.seed is not None else 0),
-                     _TextState(self.tokenizer, p.stop_strings), list(prompt))
-                for prompt, p in zip(prompts, per_row)]
+        return [new_row(prompt, p, self.tokenizer) for prompt, p in zip(prompts, per_row)]
 
     def stream_batch(
         self,
@@ -271,8 +164,9 @@ class Generator:
             next_tok, events = pick_tokens(rows, logits, positions, kv, port.stores.next_kv(kv) is not None,
                                            self.softcap, self.pad_id, cancelled)
             step_host += time.perf_counter() - h0
-            for r, index, tok, piece, reason in events:
-                yield TokenEvent(r, index, tok, piece, 1e3 * step_host, 1e3 * step_graph, reason)
+            for r, step in events:
+                yield TokenEvent(r, len(rows[r].completion.tokens) - 1, step.token, step.text, 1e3 * step_host,
+                                 1e3 * step_graph, step.finish_reason, step.logprob, step.top_logprobs)
             run.host_s += step_host
             if all(row.done for row in rows):
                 break

@@ -1,7 +1,8 @@
 """Sampling at full vocabulary on the host, exactly as from the softcapped distribution.
 
-Semantics (Hugging Face's processor order): repetition penalty on the softcapped logits, then
-temperature, then top-k (every token tied with the k-th value kept), then top-p (the smallest
+Semantics (Hugging Face's processor order): OpenAI's additive adjustments first (``logit_bias``,
+and presence / frequency penalties over the tokens generated so far, as vLLM applies them) on the
+softcapped logits, then the repetition penalty, then temperature, then top-k (every token tied with the k-th value kept), then top-p (the smallest
 set of most likely tokens whose probability reaches ``top_p``, plus every token tied with the
 last one kept), then a draw.
 
@@ -33,14 +34,23 @@ from neuron_port.logits import softcap
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy; top_k 0 and top_p 1.0 disable those filters."""
+    """temperature 0 means greedy; top_k 0 and top_p 1.0 disable those filters.
+
+    ``presence_penalty`` / ``frequency_penalty`` (OpenAI's, in [-2, 2]) subtract once per generated
+    token present / once per occurrence; ``logit_bias`` adds (token id, bias) pairs."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], found {getattr(self, name)}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, found {self.temperature}")
         if self.top_k < 0:
@@ -53,6 +63,26 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def additive(self) -> bool:
+        """Whether logit_bias or presence / frequency penalties change the logits."""
+        return bool(self.logit_bias) or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+def adjust_logits(raw: torch.Tensor, params: SamplingParams, cap: float | None,
+                  generated: Sequence[int] = ()) -> tuple[torch.Tensor, float | None]:
+    """The additive adjustments on the softcapped logits: (values [vocab] float64, the cap still
+    to apply). Without any, ``raw`` and ``cap`` come back untouched (the fast paths stay fast)."""
+    if not params.additive:
+        return raw, cap
+    values = softcap(raw.double(), cap).clone()
+    if generated and (params.presence_penalty or params.frequency_penalty):
+        ids, counts = torch.unique(torch.as_tensor(list(generated)), return_counts=True)
+        values[ids] -= params.frequency_penalty * counts.double() + params.presence_penalty
+    for token, bias in params.logit_bias:
+        values[token] += bias
+    return values, None
 
 
 def _penalise(values: torch.Tensor, ids: torch.Tensor, penalised: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -74,7 +104,8 @@ def _top_p_keep(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def reference_distribution(
-    raw: torch.Tensor, params: SamplingParams, cap: float | None, previous: Sequence[int] = ()
+    raw: torch.Tensor, params: SamplingParams, cap: float | None, previous: Sequence[int] = (),
+    generated: Sequence[int] = (),
 ) -> torch.Tensor:
     """Straightforward dense version, written independently of the fast path.
 
@@ -82,6 +113,16 @@ def reference_distribution(
     sort everything, walk the sorted list for the nucleus.
     """
     x = softcap(raw.double(), cap).clone()
+    return _reference_after_cap(x, params, previous, generated)
+
+
+def _reference_after_cap(x: torch.Tensor, params: SamplingParams, previous: Sequence[int], generated: Sequence[int]) -> torch.Tensor:
+    for token in generated:  # one token at a time: frequency per occurrence
+        x[token] -= params.frequency_penalty
+    for token in set(generated):
+        x[token] -= params.presence_penalty
+    for token, bias in params.logit_bias:
+        x[token] += bias
     for token in sorted(set(previous)):
         v = x[token]
         x[token] = v * params.repetition_penalty if v < 0 else v / params.repetition_penalty
@@ -201,8 +242,13 @@ def sample_token(
     cap: float | None,
     generator: torch.Generator | None,
     previous: Sequence[int] = (),
+    generated: Sequence[int] = (),
 ) -> int:
-    """One token from raw logits [vocab]: argmax when greedy (softcap-invariant), else a draw."""
+    """One token from raw logits [vocab]: argmax when greedy (softcap-invariant), else a draw.
+
+    ``previous``: the prompt and the tokens so far (repetition penalty); ``generated``: the tokens
+    generated so far (presence and frequency penalties)."""
+    raw, cap = adjust_logits(raw, params, cap, generated)
     if params.greedy:
         if params.repetition_penalty != 1.0 and previous:
             ids, probs = filtered_distribution(raw, SamplingParams(1.0, 1, 1.0, params.repetition_penalty), cap, previous)
@@ -214,6 +260,7 @@ def sample_token(
 
 __all__ = [
     "SamplingParams",
+    "adjust_logits",
     "reference_distribution",
     "filtered_distribution",
     "draw",

@@ -21,8 +21,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     load = functools.partial(load_served, args.model, tiny=args.tiny, seed=args.seed, slim=args.slim,
                              max_batch=args.max_batch, max_queue=args.max_queue, buckets=tuple(args.buckets),
-                             kv_lens=tuple(args.kv_lens))
-    serve(build_app(load, api_key=args.api_key), host=args.host, port=args.port)
+                             kv_lens=tuple(args.kv_lens), batching=args.batching)
+    serve(build_app(load, api_key=args.api_key, max_body_bytes=args.max_body_bytes), host=args.host, port=args.port)
     return 0
 
 
@@ -36,7 +36,10 @@ def add(sub) -> None:
     p.add_argument("--slim", action="store_true", help="keep only embeddings and compiled graphs on the host")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
     p.add_argument("--max-queue", type=int, default=64, help="waiting requests beyond this get 429")
-    p.add_argument("--max-batch", type=int, default=4, help="requests decoded together (static batching)")
+    p.add_argument("--max-batch", type=int, default=4, help="requests decoded together (the continuous engine's slots)")
+    p.add_argument("--batching", default="continuous", choices=["continuous", "static"],
+                   help="continuous: requests join free slots at every step; static: whole batches (for comparison)")
+    p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="larger request bodies get 413")
     p.add_argument("--buckets", type=int_list, default=[32, 64, 128])
     p.add_argument("--kv-lens", type=int_list, default=[256, 512])
     p.set_defaults(func=_cmd_serve)

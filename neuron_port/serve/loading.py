@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from neuron_port.engine import Engine
+from neuron_port.engine import Engine, StaticEngine
 from neuron_port.errors import NeuronPortError
 from neuron_port.port import Port
 from neuron_port.runtime import Generator
@@ -35,6 +35,7 @@ class Served:
     max_prompt: int
     buckets: list[int]
     chat: ChatFormat
+    kv_len: int = 0  # the longest a request can grow (prompt + new tokens)
 
     def encode(self, text: str) -> list[int]:
         """Prompt ids of ``text``: BOS (when the tokenizer does not add it) then the tokens."""
@@ -87,12 +88,16 @@ def _tokenizer(path: Path, tiny: bool, vocab_size: int):
 
 
 def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = False, max_batch: int = 4,
-                max_queue: int = 64, buckets: Sequence[int] = (32, 64, 128), kv_lens: Sequence[int] = (256, 512)) -> Served:
+                max_queue: int = 64, buckets: Sequence[int] = (32, 64, 128), kv_lens: Sequence[int] = (256, 512),
+                batching: str = "continuous") -> Served:
     """A model name, model directory or artifact directory, ready to serve.
 
     Artifacts always run slim (compiled graphs + embeddings only). ``slim`` on a model compiles
     TorchScript graphs for ``max_batch`` rows and drops the Hugging Face model from the host.
+    ``batching``: ``continuous`` (``max_batch`` slots; the default) or ``static``.
     """
+    if batching not in ("continuous", "static"):
+        raise ValueError(f"batching must be 'continuous' or 'static', found {batching!r}")
     path = Path(target)
     if (path / "manifest.json").exists():
         port, config, fixed = _artifact_port(path)
@@ -102,11 +107,15 @@ def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = Fal
     special = family.special_ids(config)
     tokenizer = _tokenizer(path, tiny, port.layout.vocab_size)
     pad = special.bos if special.bos is not None else (special.pad or 0)
-    engine = Engine(Generator(port, tokenizer=tokenizer), max_batch=max_batch, max_queue=max_queue, fixed_batch=fixed,
-                    pad_prompt=(pad,))
+    if batching == "static":
+        engine = StaticEngine(Generator(port, tokenizer=tokenizer), max_batch=max_batch, max_queue=max_queue,
+                              fixed_batch=fixed, pad_prompt=(pad,))
+    else:
+        engine = Engine(port, tokenizer, slots=fixed or max_batch, max_queue=max_queue, pad_id=special.pad or 0)
     name = path.name if path.is_dir() else target
     return Served(name, engine, tokenizer, family.vocab_size(config), bos_prefix(tokenizer, special.bos), special.eos,
-                  max(port.buckets), port.buckets, chat_format(family, tokenizer, path if path.is_dir() else None))
+                  max(port.buckets), port.buckets, chat_format(family, tokenizer, path if path.is_dir() else None),
+                  port.kv_len)
 
 
 __all__ = ["Served", "load_served"]

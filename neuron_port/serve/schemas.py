@@ -1,4 +1,10 @@
-"""Request bodies of the OpenAI-compatible routes (pydantic), validated before a request is queued."""
+"""Request bodies of the OpenAI-compatible routes (pydantic), validated before a request is queued.
+
+Every field the server takes is declared here; any other field is a 400 that names it (a field
+OpenAI defines but this server does not implement — ``echo``, ``suffix``, ``best_of``, ``tools``,
+``response_format`` and the like — says so). Names follow OpenAI, with vLLM's extras (``top_k``,
+``repetition_penalty``, ``ignore_eos``, ``return_token_ids``).
+"""
 
 from __future__ import annotations
 
@@ -6,51 +12,93 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+MAX_CHOICES = 8
+MAX_LOGPROBS = 20
+SEED_RANGE = (0, 2**64 - 1)  # what torch's generator seeds take
+
+NOT_IMPLEMENTED = ("echo", "suffix", "best_of", "tools", "tool_choice", "functions", "function_call",
+                   "response_format", "parallel_tool_calls", "prediction", "audio", "modalities", "store",
+                   "metadata", "service_tier", "reasoning_effort", "web_search_options")
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
 
 class CommonFields(BaseModel):
-    """Fields both completion routes take (vLLM's OpenAI server names, with its extras)."""
+    """Fields both completion routes take."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     model: str
-    max_tokens: int | None = Field(default=None)
+    max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=-1, ge=-1)
     repetition_penalty: float = Field(default=1.0, gt=0.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stream: bool = False
-    n: int = 1
+    stream_options: StreamOptions | None = None
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
+    user: str | None = None  # accepted and unused, as OpenAI's is
     ignore_eos: bool = False
     return_token_ids: bool = False
 
-    @field_validator("max_tokens")
+    @field_validator("logit_bias")
     @classmethod
-    def _positive(cls, v):
-        if v is not None and v < 1:
-            raise ValueError(f"max_tokens must be at least 1, found {v}")
+    def _bias(cls, v):
+        if v is None:
+            return v
+        for key, bias in v.items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys are token ids, found {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values must be in [-100, 100], found {bias} for {key}")
         return v
 
-    @field_validator("n")
+    @field_validator("stop")
     @classmethod
-    def _one(cls, v):
-        if v != 1:
-            raise ValueError(f"only n=1 is supported, found {v}")
+    def _stops(cls, v):
+        stops = [v] if isinstance(v, str) else list(v or [])
+        if len(stops) > 4:
+            raise ValueError(f"at most 4 stop sequences, found {len(stops)}")
+        if any(not s for s in stops):
+            raise ValueError("stop sequences must not be empty")
         return v
 
 
 class CompletionRequest(CommonFields):
     prompt: str | list[int]
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
 
 
 class ChatMessage(BaseModel):
-    role: Literal["system", "user", "assistant"]
-    content: str
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        """The message's text: the string, or its text parts joined."""
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
 class ChatRequest(CommonFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
 
-__all__ = ["CommonFields", "CompletionRequest", "ChatMessage", "ChatRequest"]
+__all__ = ["MAX_CHOICES", "MAX_LOGPROBS", "SEED_RANGE", "NOT_IMPLEMENTED", "StreamOptions", "CommonFields",
+           "CompletionRequest", "TextPart", "ChatMessage", "ChatRequest"]

@@ -1,0 +1,157 @@
+"""One accepted request's answer: the engine's events for its ``n`` choices, as an OpenAI response.
+
+Whole responses collect every choice; streamed ones send one server-sent event per token (with
+its choice index), a usage chunk when ``stream_options.include_usage`` asks for it, and
+``data: [DONE]``. A choice that fails ends the request with an OpenAI error object — or, once a
+stream has started, an SSE ``error`` event followed by ``[DONE]``. Log-probabilities come in
+OpenAI's two shapes: ``tokens``/``token_logprobs``/``top_logprobs``/``text_offset`` for
+completions, ``content: [{token, logprob, bytes, top_logprobs}]`` for chat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from fastapi.responses import JSONResponse
+
+from neuron_port.engine import Request
+from neuron_port.rows import TokenEvent
+from neuron_port.serve.loading import Served
+from neuron_port.serve.metrics import Metrics
+
+
+def error_body(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+          headers: dict[str, str] | None = None) -> JSONResponse:
+    """An OpenAI-style error response."""
+    return JSONResponse(status_code=status, content=error_body(status, message, kind, param), headers=headers)
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+class Reply:
+    """The events of a request's choices (one engine request each), turned into its response."""
+
+    def __init__(self, served: Served, metrics: Metrics, chat: bool, requests: list[Request], queue: asyncio.Queue,
+                 prompt_tokens: int, logprobs: int | None, with_ids: bool, include_usage: bool):
+        self.served, self.metrics, self.chat, self.requests, self.queue = served, metrics, chat, requests, queue
+        self.prompt_tokens, self.logprobs, self.with_ids, self.include_usage = prompt_tokens, logprobs, with_ids, include_usage
+        self.rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.started = time.monotonic()
+
+    def usage(self, n: int) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n}
+
+    def cancel(self) -> None:
+        for req in self.requests:
+            req.cancelled.set()
+        self.metrics.add("cancelled", 1)
+
+    async def events(self) -> AsyncIterator[tuple[int, TokenEvent]]:
+        """(choice index, event) until every choice is done; an exception that ended a choice is raised."""
+        open_choices = len(self.requests)
+        while open_choices:
+            index, ev = await self.queue.get()
+            if ev is None:
+                open_choices -= 1
+                continue
+            if isinstance(ev, BaseException):
+                raise ev
+            yield index, ev
+
+    # ---- log-probabilities ------------------------------------------------------------------
+    def _token(self, token_id: int) -> str:
+        tok = self.served.tokenizer
+        return tok.decode([token_id]) if tok is not None else str(token_id)
+
+    def _chat_logprob(self, ev: TokenEvent) -> dict:
+        def entry(token_id: int, logprob: float) -> dict:
+            text = self._token(token_id)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8", "replace"))}
+
+        return {**entry(ev.token_id, ev.logprob), "top_logprobs": [entry(t, lp) for t, lp in ev.top_logprobs]}
+
+    def _completion_logprobs(self, events: list[TokenEvent]) -> dict:
+        offsets, at = [], 0
+        for ev in events:
+            offsets.append(at)
+            at += len(ev.text)
+        return {"tokens": [self._token(ev.token_id) for ev in events], "token_logprobs": [ev.logprob for ev in events],
+                "top_logprobs": [{self._token(t): lp for t, lp in ev.top_logprobs} for ev in events], "text_offset": offsets}
+
+    def _logprobs(self, events: list[TokenEvent]) -> dict | None:
+        if self.logprobs is None:
+            return None
+        if self.chat:
+            return {"content": [self._chat_logprob(ev) for ev in events]}
+        return self._completion_logprobs(events)
+
+    # ---- whole and streamed ---------------------------------------------------------------
+    def _choice(self, index: int, events: list[TokenEvent], reason: str | None, delta: bool) -> dict:
+        text = "".join(ev.text for ev in events)
+        choice: dict[str, Any] = {"index": index, "finish_reason": reason, "logprobs": self._logprobs(events)}
+        if self.chat:
+            choice["delta" if delta else "message"] = {"content": text} if delta else {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        if self.with_ids:
+            choice["token_ids"] = [ev.token_id for ev in events]
+        return choice
+
+    def _envelope(self, choices: list[dict], chunk: bool) -> dict:
+        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
+        return {"id": self.rid, "object": kind, "created": self.created, "model": self.served.model_id, "choices": choices}
+
+    async def whole(self) -> dict | JSONResponse:
+        per_choice: list[list[TokenEvent]] = [[] for _ in self.requests]
+        reasons: list[str | None] = ["length"] * len(self.requests)
+        try:
+            async for index, ev in self.events():
+                per_choice[index].append(ev)
+                self.metrics.add("generated_tokens", 1)
+                reasons[index] = ev.finish_reason or reasons[index]
+        except asyncio.CancelledError:
+            self.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001 - this request's failure, reported as its error
+            return error(500, f"generation failed: {type(exc).__name__}: {exc}", "server_error")
+        self.metrics.observe(time.monotonic() - self.started)
+        body = self._envelope([self._choice(i, evs, reasons[i], False) for i, evs in enumerate(per_choice)], False)
+        return {**body, "usage": self.usage(sum(len(evs) for evs in per_choice))}
+
+    async def stream(self) -> AsyncIterator[str]:
+        generated, finished = 0, False
+        try:
+            if self.chat:
+                yield _sse(self._envelope([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                            "finish_reason": None} for i in range(len(self.requests))], True))
+            async for index, ev in self.events():
+                generated += 1
+                self.metrics.add("generated_tokens", 1)
+                reason = ev.finish_reason if ev.finish_reason != "cancelled" else None
+                yield _sse(self._envelope([self._choice(index, [ev], reason, True)], True))
+            finished = True
+            self.metrics.observe(time.monotonic() - self.started)
+            if self.include_usage:
+                yield _sse({**self._envelope([], True), "usage": self.usage(generated)})
+            yield "data: [DONE]\n\n"
+        except Exception as exc:  # noqa: BLE001 - the stream has started: an error event, then [DONE]
+            finished = True
+            yield f"event: error\ndata: {json.dumps(error_body(500, f'generation failed: {type(exc).__name__}: {exc}', 'server_error'))}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            if not finished:
+                self.cancel()  # the client went away mid-stream: free its slots
+
+
+__all__ = ["error", "error_body", "Reply"]
