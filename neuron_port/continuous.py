@@ -2,10 +2,11 @@
 
 The decode graph runs on ``slots`` rows over one KV store at the port's largest KV length; each
 row is a slot with its own KV rows, position, sampler and stop state. At a step boundary,
-:meth:`SlotBatch.admit` puts waiting requests into free slots: one prefill call over the same
-``slots`` rows (the new prompts in their slots' rows, every other row empty, so it writes
-nothing there) fills a fresh store, whose new rows are copied into the running store (grown to
-its KV length first when the prefill wrote a shorter one). The other slots only wait for that
+:meth:`SlotBatch.admit` puts waiting requests into free slots: one prefill call fills a fresh
+store with the new prompts, whose rows are copied into the running store at their slots (grown
+to its KV length first when the prefill wrote a shorter one). Compiled graphs take only their
+own batch, so there the prefill runs over ``slots`` rows with the new prompts in their slots'
+rows and every other row empty (it writes nothing there); eager graphs prefill just the new rows. The other slots only wait for that
 prefill; their KV rows are untouched. :meth:`SlotBatch.step` decodes every slot once; a finished
 request frees its slot at once, and empty slots decode as padding.
 
@@ -64,13 +65,14 @@ class SlotBatch:
         return TokenEvent(slot, len(row.completion.tokens) - 1, step.token, step.text, host_ms, graph_ms,
                           step.finish_reason, step.logprob, step.top_logprobs)
 
-    def _advance(self, slots: Sequence[int], logits: torch.Tensor, host_ms: float, graph_ms: float) -> list[Outcome]:
-        """Advance each given slot from its row of logits; free the finished and the failed."""
+    def _advance(self, slots: Sequence[int], logits: Sequence[torch.Tensor], host_ms: float, graph_ms: float) -> list[Outcome]:
+        """Advance each given slot from its logits [vocab] (``logits[i]`` is ``slots[i]``'s); free
+        the finished and the failed."""
         out: list[Outcome] = []
-        for slot in slots:
+        for slot, row_logits in zip(slots, logits):
             owner = self.owners[slot]
             try:
-                step = advance(self.rows[slot], logits[slot], int(self.positions[slot]), self.kv_len, False,
+                step = advance(self.rows[slot], row_logits, int(self.positions[slot]), self.kv_len, False,
                                self.port.layout.softcap)
             except Exception as exc:  # noqa: BLE001 - this request's own failure: it alone ends
                 self.release(slot)
@@ -91,33 +93,35 @@ class SlotBatch:
         with self.mode():
             t0 = time.perf_counter()
             slots = self.free[: len(entries)]
+            # compiled graphs: every slot's row, the new prompts at their slots; eager: the new rows only
+            rows = slots if self.port.batch is not None else list(range(len(entries)))
             bucket = select_bucket(max(len(p) for p, _, _ in entries), self.port.buckets)
-            ids = torch.full((self.slots, bucket), self.pad_id, dtype=torch.long)
-            lengths = torch.zeros(self.slots, dtype=torch.long)
-            for slot, (prompt, params, owner) in zip(slots, entries):
-                ids[slot, : len(prompt)] = torch.as_tensor(list(prompt), dtype=torch.long)
-                lengths[slot] = len(prompt)
+            ids = torch.full((self.port.batch or len(entries), bucket), self.pad_id, dtype=torch.long)
+            lengths = torch.zeros(ids.shape[0], dtype=torch.long)
+            for slot, row, (prompt, params, owner) in zip(slots, rows, entries):
+                ids[row, : len(prompt)] = torch.as_tensor(list(prompt), dtype=torch.long)
+                lengths[row] = len(prompt)
                 self.rows[slot], self.owners[slot] = new_row(prompt, params, self.tokenizer), owner
                 self.positions[slot] = len(prompt)
             inputs = self.port.inputs.prefill(ids, lengths, bucket)
-            fresh = self.port.inputs.new_store(self.slots, self.port.prefill_kv[bucket])
+            fresh = self.port.inputs.new_store(ids.shape[0], self.port.prefill_kv[bucket])
             host = time.perf_counter() - t0
             g0 = time.perf_counter()
             logits, fresh = run_step(self.port.prefill_runners[bucket], inputs, fresh)
             graph = time.perf_counter() - g0
-            self._merge(fresh, slots, lengths)
-            return self._advance(slots, logits, 1e3 * host, 1e3 * graph)
+            self._merge(fresh, rows, slots, lengths)
+            return self._advance(slots, [logits[r] for r in rows], 1e3 * host, 1e3 * graph)
 
-    def _merge(self, fresh: KVStore, slots: list[int], lengths: torch.Tensor) -> None:
-        """Copy the prefilled rows ``slots`` of ``fresh`` into the running store."""
+    def _merge(self, fresh: KVStore, rows: list[int], slots: list[int], lengths: torch.Tensor) -> None:
+        """Copy the prefilled ``rows`` of ``fresh`` into the running store at ``slots``."""
         spec = self.port.specs[self.kv_len]
         if fresh.spec.kv_len != self.kv_len:
             fresh = fresh.grow(spec, lengths - 1)
         if self.store is None:
             self.store = self.port.inputs.new_store(self.slots, self.kv_len)
-        index = torch.tensor(slots, dtype=torch.long)
+        src_index, dst_index = torch.tensor(rows, dtype=torch.long), torch.tensor(slots, dtype=torch.long)
         for dst, src in zip(self.store.tensors(), fresh.tensors()):
-            dst.index_copy_(0, index.to(dst.device), src.index_select(0, index.to(src.device)))
+            dst.index_copy_(0, dst_index.to(dst.device), src.index_select(0, src_index.to(src.device)))
 
     def step(self) -> list[Outcome]:
         """One decode step of every slot; the events of the active ones."""
@@ -133,7 +137,7 @@ class SlotBatch:
             logits, self.store = run_step(self.port.decode_runners[self.kv_len], inputs, self.store)
             graph = time.perf_counter() - g0
             self.positions[active] += 1
-            return self._advance(active, logits, 1e3 * host, 1e3 * graph)
+            return self._advance(active, [logits[s] for s in active], 1e3 * host, 1e3 * graph)
 
 
 __all__ = ["SlotBatch", "Outcome"]

@@ -34,7 +34,7 @@ def test_every_benchmark_has_a_smoke_test_and_a_readme_entry():
         assert script in readme, f"benchmarks/README.md does not describe {script}"
     # xla_lowering.py needs torch-xla: its smoke test is in tests/test_xla.py (the xla virtualenv)
     tested = {"host_overhead.py", "decode_vs_hf.py", "kv_memory.py", "slim_rss.py", "host_step.py", "cpu_backend.py",
-              "xla_lowering.py"}
+              "xla_lowering.py", "serve_load.py"}
     assert set(SCRIPTS) <= tested, f"no smoke test for {set(SCRIPTS) - tested}"
 
 
@@ -84,3 +84,15 @@ def test_host_step_smoke():
 def test_cpu_backend_smoke():
     out = _run("cpu_backend.py", "--tokens", "4", "--repeats", "1")
     assert _positive(out["ratio_eager_over_compiled"]) and out["same_tokens"] is True
+
+
+@pytest.mark.slow
+def test_serve_load_smoke():
+    pytest.importorskip("fastapi")
+    out = _run("serve_load.py", "--smoke", "--json")
+    for mode in ("continuous", "static"):
+        for level in ("1", "4"):
+            r = out["results"][mode][level]
+            assert _positive(r["tokens_per_s"], r["ttft_p50_s"], r["latency_p99_s"]) and r["ttft_p99_s"] >= r["ttft_p50_s"]
+    assert _positive(out["ratios"]["4"]["ttft_p50_static_over_continuous"])
+
