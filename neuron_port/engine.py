@@ -96,12 +96,22 @@ class _Worker:
 
 
 class Engine(_Worker):
-    """Continuous batching over ``slots`` slots of one port (compiled graphs: their batch)."""
+    """Continuous batching over ``slots`` slots of one port (compiled graphs: their batch).
 
-    def __init__(self, port, tokenizer: Any = None, slots: int = 4, max_queue: int = 64, pad_id: int = 0):
+    ``lockstep``: a tensor-parallel artifact's follower ranks (:class:`~neuron_port.lockstep.Lockstep`),
+    told each round before this rank (rank 0) runs it."""
+
+    def __init__(self, port, tokenizer: Any = None, slots: int = 4, max_queue: int = 64, pad_id: int = 0,
+                 lockstep: Any = None):
         self.batch = SlotBatch(port, port.batch or slots, tokenizer, pad_id)
         self.max_batch = self.batch.slots
+        self.lockstep = lockstep
         super().__init__(max_queue)
+
+    def close(self) -> None:
+        super().close()
+        if self.lockstep is not None:
+            self.lockstep.close()
 
     @staticmethod
     def _dispatch(outcomes) -> None:
@@ -115,9 +125,11 @@ class Engine(_Worker):
     def _round(self) -> None:
         batch = self.batch
         new = self._take(len(batch.free), block=not batch.active)
-        for slot in batch.active:
-            if batch.owners[slot].cancelled.is_set():
-                batch.release(slot).on_event(None)
+        released = [slot for slot in batch.active if batch.owners[slot].cancelled.is_set()]
+        for slot in released:
+            batch.release(slot).on_event(None)
+        if self.lockstep is not None and (new or released or batch.active):
+            self.lockstep.round(released, [(r.prompt, r.params) for r in new])
         try:
             self._dispatch(batch.admit([(r.prompt, r.params, r) for r in new]))
             self.running = len(batch.active)

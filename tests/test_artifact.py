@@ -43,12 +43,33 @@ def test_tp2_compile_then_generate_in_a_fresh_process(tmp_path):
     assert res.returncode == 0, res.stderr
     d = json.loads(res.stdout)
     assert d["seq_match"] is True and d["new_tokens"] == 32 and d["tokens"] == d["reference_tokens"]
-    pytest.importorskip("fastapi")
-    from neuron_port.errors import NeuronPortError
-    from neuron_port.serve import load_served
+    _served_tp2_matches_generate(out)
 
-    with pytest.raises(NeuronPortError, match="tp 2 artifact is not supported"):  # rank 0 alone would be wrong
-        load_served(str(out))
+
+def _served_tp2_matches_generate(out):
+    """The server over a tp 2 artifact: rank 0 in the server, rank 1 stepping with it (lockstep)."""
+    pytest.importorskip("fastapi")
+    import concurrent.futures
+
+    import httpx
+
+    from neuron_port.generation import generate
+    from tests.helpers import ServerProcess
+
+    prompts = [[2, 17, 33, 5, 92], [2, 41, 7, 300, 12, 58]]
+    srv = ServerProcess(str(out))
+    try:
+        def ask(prompt):
+            body = {"model": out.name, "prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+                    "return_token_ids": True}
+            return httpx.post(srv.base + "/v1/completions", json=body, timeout=120).json()["choices"][0]["token_ids"]
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            served = list(pool.map(ask, prompts))
+    finally:
+        assert srv.stop() == 0
+    for prompt, tokens in zip(prompts, served):
+        assert tokens == generate(out, [prompt], 12).tokens[0]
 
 
 def test_fresh_process_check_returns_data_and_names_the_childs_failure(e2b_artifact, tmp_path):

@@ -190,6 +190,8 @@ def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_timeout
 
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=drain_timeout_s)
     DrainingServer(config).run()
+    if state["served"] is not None:
+        state["served"].engine.close()  # a tensor-parallel artifact's follower ranks leave with it
 
 
 __all__ = ["ServerApp", "build_app", "serve", "error", "DEFAULT_BODY_LIMIT"]

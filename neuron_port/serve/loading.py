@@ -3,7 +3,9 @@
 A model (a shipped name or a directory) goes through the same path as every command: its rank
 (tp 1) is set up by :mod:`neuron_port.ranks` and builds its port over the model; ``slim``
 compiles that port for the engine's batch and drops the Hugging Face model from the host. An
-artifact is verified and its rank loads the compiled graphs and the host embeddings only.
+artifact is verified and its rank loads the compiled graphs and the host embeddings only; a
+tp > 1 artifact's other ranks run in processes of their own, stepping with the engine
+(:mod:`neuron_port.lockstep`).
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ class Served:
         return self.bos_prefix + self.tokenizer.encode(text).ids
 
 
-def _artifact_port(path: Path) -> tuple[Port, Any, int]:
+def _artifact_port(path: Path, batching: str) -> tuple[Port, Any, int, Any]:
+    """Rank 0's port of an artifact, its config, its batch, and the follower ranks of a tp > 1 one."""
     from neuron_port.artifact import verify
     from neuron_port.artifact_reader import artifact_setup, load_rank_port
     from neuron_port.configs import load_config
@@ -52,11 +55,18 @@ def _artifact_port(path: Path) -> tuple[Port, Any, int]:
     from neuron_port.ranks import make_rank
 
     manifest = verify(path)
-    if int(manifest["tp"]) != 1:
-        raise NeuronPortError(f"serving a tp {manifest['tp']} artifact is not supported yet (its ranks must run "
-                              "together); serve a tp 1 artifact, or the model itself")
-    rank = make_rank(artifact_setup(path, manifest), 0, identity_reduce, None)
-    return load_rank_port(path, manifest, rank), load_config(path / "config.json"), int(manifest["batch"])
+    config = load_config(path / "config.json")
+    if int(manifest["tp"]) == 1:
+        rank = make_rank(artifact_setup(path, manifest), 0, identity_reduce, None)
+        return load_rank_port(path, manifest, rank), config, int(manifest["batch"]), None
+    if batching != "continuous":
+        raise NeuronPortError(f"a tp {manifest['tp']} artifact is served with continuous batching only "
+                              "(its ranks step together round by round)")
+    from neuron_port.lockstep import Lockstep
+
+    family = artifact_setup(path, manifest).layout.family
+    lockstep = Lockstep(path, manifest, int(manifest["batch"]), family.special_ids(config).pad or 0)
+    return lockstep.port, config, int(manifest["batch"]), lockstep
 
 
 def _model_port(target: str, tiny: bool, seed: int, shape: PortShape, slim: bool, max_batch: int) -> tuple[Port, Any, int | None]:
@@ -99,8 +109,9 @@ def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = Fal
     if batching not in ("continuous", "static"):
         raise ValueError(f"batching must be 'continuous' or 'static', found {batching!r}")
     path = Path(target)
+    lockstep = None
     if (path / "manifest.json").exists():
-        port, config, fixed = _artifact_port(path)
+        port, config, fixed, lockstep = _artifact_port(path, batching)
     else:
         port, config, fixed = _model_port(target, tiny, seed, PortShape(buckets, kv_lens), slim, max_batch)
     family = port.layout.family
@@ -111,7 +122,8 @@ def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = Fal
         engine = StaticEngine(Generator(port, tokenizer=tokenizer), max_batch=max_batch, max_queue=max_queue,
                               fixed_batch=fixed, pad_prompt=(pad,))
     else:
-        engine = Engine(port, tokenizer, slots=fixed or max_batch, max_queue=max_queue, pad_id=special.pad or 0)
+        engine = Engine(port, tokenizer, slots=fixed or max_batch, max_queue=max_queue, pad_id=special.pad or 0,
+                        lockstep=lockstep)
     name = path.name if path.is_dir() else target
     return Served(name, engine, tokenizer, family.vocab_size(config), bos_prefix(tokenizer, special.bos), special.eos,
                   max(port.buckets), port.buckets, chat_format(family, tokenizer, path if path.is_dir() else None),
