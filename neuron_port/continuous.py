@@ -10,8 +10,8 @@ rows and every other row empty (it writes nothing there); eager graphs prefill j
 prefill; their KV rows are untouched. :meth:`SlotBatch.step` decodes every slot once; a finished
 request frees its slot at once, and empty slots decode as padding.
 
-A row's computation never reads another row's values and the shapes never change, so a request's
-tokens do not depend on which other requests share the batch or when they arrived (the property
+A row's computation never reads another row's values and the decode graph's shapes never change,
+so a request's tokens do not depend on which other requests share the batch or when they arrived (the property
 tests check this against runs of each request alone). An error while advancing one row fails
 only that request; the others go on.
 """

@@ -7,6 +7,12 @@ graphs from the artifact and apply the same round to their own :class:`~neuron_p
 prefill and decode step runs on all ranks at once, and the all-reduce inside the traced graphs
 keeps their logits equal. Each rank holds only its own KV store. Followers exit when the engine
 closes (or when the server process goes, being daemons).
+
+Two process groups: the default one, which the graphs' all-reduce uses, with a finite timeout (a
+step never legitimately waits long), and one for the rounds, with a long one (an idle server
+waits for its next round). Rank 0 checks that every follower is alive before each round; any
+failure under lockstep stops the engine (:class:`~neuron_port.engine.Engine`) rather than let the
+ranks drift apart.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from neuron_port.parallel import CHILD_ENV, free_port
 Round = tuple[list[int], list[tuple[list[int], Any]]]
 """(slots released before the round, (prompt, params) of each request admitted in it)."""
 
-SERVING_TIMEOUT = datetime.timedelta(days=30)  # an idle server waits for its next round this long
+ROUND_TIMEOUT = datetime.timedelta(days=30)  # an idle server waits for its next round this long
+STEP_TIMEOUT = datetime.timedelta(minutes=10)  # a collective inside a step (or loading) waits at most this long
 
 
 def _rank_port(directory: str, manifest: dict, rank: int):
@@ -42,12 +49,13 @@ def _follow(rank: int, tp: int, init: str, directory: str, manifest: dict, slots
     from neuron_port.tokenizer import load_tokenizer
 
     os.environ[CHILD_ENV] = "1"
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=tp, timeout=SERVING_TIMEOUT)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=tp, timeout=STEP_TIMEOUT)
+    rounds = dist.new_group(backend="gloo", timeout=ROUND_TIMEOUT)
     try:
         batch = SlotBatch(_rank_port(directory, manifest, rank), slots, load_tokenizer(directory), pad_id)
         while True:
             box: list[Any] = [None]
-            dist.broadcast_object_list(box, src=0)
+            dist.broadcast_object_list(box, src=0, group=rounds)
             if box[0] is None:
                 return
             released, entries = box[0]
@@ -70,16 +78,21 @@ class Lockstep:
                                       name=f"neuron-port-rank{r}", daemon=True) for r in range(1, self.tp)]
         for proc in self.followers:
             proc.start()
-        dist.init_process_group("gloo", init_method=init, rank=0, world_size=self.tp, timeout=SERVING_TIMEOUT)
+        dist.init_process_group("gloo", init_method=init, rank=0, world_size=self.tp, timeout=STEP_TIMEOUT)
+        self.rounds = dist.new_group(backend="gloo", timeout=ROUND_TIMEOUT)
         self.port = _rank_port(str(directory), manifest, 0)
 
     def round(self, released: Sequence[int], entries: Sequence[tuple[list[int], Any]]) -> None:
         """Tell the followers what this round does, before rank 0 does it."""
-        dist.broadcast_object_list([(list(released), list(entries))], src=0)
+        dead = [proc.name for proc in self.followers if not proc.is_alive()]
+        if dead:
+            raise RuntimeError(f"tensor-parallel follower ranks stopped: {dead}; the server cannot go on")
+        dist.broadcast_object_list([(list(released), list(entries))], src=0, group=self.rounds)
 
     def close(self) -> None:
         if dist.is_initialized():
-            dist.broadcast_object_list([None], src=0)
+            if all(proc.is_alive() for proc in self.followers):
+                dist.broadcast_object_list([None], src=0, group=self.rounds)
             for proc in self.followers:
                 proc.join(timeout=30)
             dist.destroy_process_group()

@@ -61,21 +61,36 @@ class Completion:
 
 
 
-class TextState:
-    """Incremental detokenisation with stop strings (text that may start a stop string is held back)."""
+CONTEXT_TOKENS = 8  # prompt tokens the generated text is decoded after
 
-    def __init__(self, tokenizer, stops: Sequence[str]):
+
+class TextState:
+    """Incremental detokenisation with stop strings (text that may start a stop string is held back).
+
+    The generated tokens are decoded after the last few prompt tokens (``context``), and the text is
+    what they add to it: a continuation keeps its leading space where a decoder would drop it."""
+
+    def __init__(self, tokenizer, stops: Sequence[str], context: Sequence[int] = ()):
         self.tokenizer = tokenizer
         self.stops = [s for s in stops if s]
         self.hold = max((len(s) for s in self.stops), default=1) - 1
         self.released = 0
         self.text = ""
+        self.context = list(context)[-CONTEXT_TOKENS:]
+        self.head = tokenizer.decode(self.context) if tokenizer is not None and self.context else ""
+
+    def decode(self, tokens: list[int]) -> str:
+        """What ``tokens`` add to the text of the context."""
+        if not self.context:
+            return self.tokenizer.decode(tokens)
+        both = self.tokenizer.decode(self.context + tokens)
+        return both[len(self.head):] if both.startswith(self.head) else self.tokenizer.decode(tokens)
 
     def push(self, tokens: list[int]) -> tuple[str, bool]:
         """Returns (newly released text, stop string hit)."""
         if self.tokenizer is None:
             return "", False
-        full = self.tokenizer.decode(tokens)
+        full = self.decode(tokens)
         for stop in self.stops:
             at = full.find(stop, max(0, self.released - len(stop)))
             if at != -1:
@@ -145,7 +160,7 @@ def new_row(prompt: Sequence[int], params: GenerationParams, tokenizer=None) -> 
     """The state of a request about to decode (its sampler seeded by ``params.seed``, 0 when None)."""
     return RowState(params, Completion(prompt_tokens=len(prompt)),
                     torch.Generator().manual_seed(params.seed if params.seed is not None else 0),
-                    TextState(tokenizer, params.stop_strings), list(prompt))
+                    TextState(tokenizer, params.stop_strings, prompt), list(prompt))
 
 
 def advance(row: RowState, logits: torch.Tensor, position: int, kv_len: int, can_grow: bool, cap: float | None) -> Step:

@@ -80,8 +80,9 @@ def adjust_logits(raw: torch.Tensor, params: SamplingParams, cap: float | None,
     if generated and (params.presence_penalty or params.frequency_penalty):
         ids, counts = torch.unique(torch.as_tensor(list(generated)), return_counts=True)
         values[ids] -= params.frequency_penalty * counts.double() + params.presence_penalty
-    for token, bias in params.logit_bias:
-        values[token] += bias
+    if params.logit_bias:
+        ids = torch.tensor([token for token, _ in params.logit_bias], dtype=torch.long)
+        values.index_add_(0, ids, torch.tensor([bias for _, bias in params.logit_bias], dtype=values.dtype))
     return values, None
 
 

@@ -161,3 +161,52 @@ def test_kv_rows_of_other_slots_are_untouched_by_an_admission(port):
     batch.admit([([2, 9, 9, 9, 9], GenerationParams(5), "b")])
     after = [t[0] for t in batch.store]
     assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+def test_compiled_slots_admit_while_others_decode_and_reuse_freed_slots(port):
+    """Compiled graphs prefill over every slot's row: the empty rows must write nothing there."""
+    from neuron_port.backends import get_backend
+
+    _, model = port
+    compiled = Port(copy.deepcopy(model), describe(model), [16, 32], [48, 96])
+    compiled.compile(get_backend("cpu"), batch=SLOTS)
+    schedule = [(0, [2, 5, 9], GenerationParams(10)), (0, [2, 40, 41, 42, 43], GenerationParams(3)),
+                (2, [2, 7, 7, 7], GenerationParams(12)), (3, [2, 100, 101], GenerationParams(6)),
+                (4, [2, 60] + list(range(61, 80)), GenerationParams(8, SamplingParams(0.8, top_k=20), seed=5))]
+    together = _run(compiled, schedule)
+    for i, (_, prompt, params) in enumerate(schedule):
+        assert together[i] == _run(compiled, [(0, prompt, params)])[0], f"request {i}"
+    assert together[0] == reference_generate(model, schedule[0][1], 10)["tokens"]
+
+
+def test_the_engine_survives_a_broken_callback_and_reports_a_fatal_round(port):
+    port = port[0]
+    engine = Engine(port, slots=SLOTS)
+    got, done = [], threading.Event()
+
+    def broken(event):
+        raise RuntimeError("the client's loop is gone")
+
+    def fine(event):
+        if event is None:
+            done.set()
+        elif not isinstance(event, BaseException):
+            got.append(event.token_id)
+
+    engine.submit(Request([2, 5, 6], GenerationParams(6), broken))
+    engine.submit(Request([2, 9, 9], GenerationParams(6), fine))
+    assert done.wait(60) and len(got) == 6 and engine.error is None
+    engine.close()
+
+    class Doomed(Engine):  # the device fails in the middle of a round, after taking a request
+        def _round(self):
+            self._new = self._take(1, block=True)
+            raise RuntimeError("the device is gone")
+
+    fatal = Doomed(port, slots=SLOTS)
+    heard, failed = [], threading.Event()
+    fatal.submit(Request([2, 5], GenerationParams(4), lambda e: (heard.append(e), failed.set())))
+    assert failed.wait(30) and len(heard) == 1 and isinstance(heard[0], RuntimeError)
+    assert fatal.error == "RuntimeError: the device is gone"
+    with pytest.raises(Exception, match="the engine stopped"):
+        fatal.submit(Request([2, 5], GenerationParams(4), lambda e: None))

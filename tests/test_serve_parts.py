@@ -84,15 +84,17 @@ def test_a_stream_that_fails_ends_with_an_error_event_and_done():
     async def run():
         queue = asyncio.Queue()
         served = type("S", (), {"model_id": "m", "tokenizer": None})()
-        reply = Reply(served, Metrics(), False, [_Req()], queue, 3, None, False, False)
+        reply = Reply(served, Metrics(), False, [_Req(), _Req()], queue, [2, 5, 6], None, False, False)
         queue.put_nowait((0, TokenEvent(0, 0, 7, "a", 0.0, 0.0)))
-        queue.put_nowait((0, RuntimeError("the graph failed")))
+        queue.put_nowait((1, RuntimeError("the graph failed")))
         return [chunk async for chunk in reply.stream()], reply
 
     chunks, reply = asyncio.run(run())
     assert chunks[0].startswith("data: {") and '"text": "a"' in chunks[0]
     assert chunks[1].startswith("event: error\ndata: ") and "the graph failed" in chunks[1]
-    assert chunks[-1] == "data: [DONE]\n\n" and not reply.requests[0].cancelled.is_set()
+    assert chunks[-1] == "data: [DONE]\n\n"
+    assert reply.requests[0].cancelled.is_set()  # the sibling choice stops: nobody would read it
+    assert reply.metrics.counters["cancelled"] == 0  # not a client that went away
 
 
 def test_metric_labels_are_escaped_and_unmatched_paths_share_one_label():

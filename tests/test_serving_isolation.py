@@ -49,6 +49,49 @@ def test_a_poisoned_request_does_not_touch_the_three_batched_with_it(server):
         assert reply.json()["choices"][0]["text"] == alone.json()["choices"][0]["text"]
 
 
+def _generated(srv) -> int:
+    text = httpx.get(srv.base + "/metrics").text
+    return int(next(line for line in text.splitlines() if line.startswith("neuron_port_generated_tokens_total")).split()[1])
+
+
+def test_a_chunked_body_over_the_limit_is_refused_before_it_runs(server):
+    before = _generated(server)
+    prefix = json.dumps({"model": MODEL, "prompt": [2, 5, 6], "max_tokens": 8, "ignore_eos": True})[:-1]
+
+    def chunks():  # valid JSON first, then padding past the limit: no Content-Length, chunked
+        yield (prefix + ', "user": "').encode()
+        for _ in range(11):
+            yield b"x" * 100_000
+        yield b'"}'
+
+    r = httpx.post(server.base + "/v1/completions", content=chunks(), headers={"content-type": "application/json"},
+                   timeout=60)
+    assert r.status_code == 413
+    time.sleep(0.5)
+    assert _generated(server) == before  # nothing of it ran
+    assert 'route="/v1/completions",status="413"' in httpx.get(server.base + "/metrics").text
+
+
+def test_a_whole_request_whose_client_leaves_is_cancelled():
+    """Not streamed: the server notices the client is gone while it waits, and frees the slot."""
+    srv = ServerProcess(MODEL, "--tiny", "--max-batch", "2", "--buckets", "32", "--kv-lens", "4096")
+    try:
+        def counter(name: str) -> int:
+            text = httpx.get(srv.base + "/metrics").text
+            return int(next(line for line in text.splitlines() if line.startswith(name)).split()[1])
+
+        with pytest.raises(httpx.TimeoutException):
+            _complete(srv, _greedy([2, 5, 6], 4000), timeout=0.5)
+        deadline = time.monotonic() + 30
+        while counter("neuron_port_cancelled_requests_total") == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert counter("neuron_port_cancelled_requests_total") == 1
+        time.sleep(0.5)
+        assert counter("neuron_port_requests_running") == 0 and counter("neuron_port_generated_tokens_total") < 4000
+    finally:
+        srv.stop()
+
+
 def test_health_answers_while_a_ten_megabyte_prompt_is_refused(server):
     huge = json.dumps({"model": MODEL, "prompt": "hello world " * 900_000})
     assert len(huge) > 10_000_000
@@ -116,8 +159,10 @@ def test_openai_parameters_mean_what_they_mean(server):
                              "logprobs": 2}).json()
     assert [c["index"] for c in two["choices"]] == [0, 1] and two["usage"]["completion_tokens"] == 10
     lp = two["choices"][0]["logprobs"]
-    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == 5 and all(len(t) <= 2 for t in lp["top_logprobs"])
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == 5 and all(len(t) == 2 for t in lp["top_logprobs"])
     assert all(v <= 0 for v in lp["token_logprobs"])
+    assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(5)]
+    assert "".join(lp["tokens"]) == two["choices"][0]["text"]  # each token's own text, leading spaces kept
     unseeded = [_complete(server, {"prompt": [2, 5, 6, 7], "max_tokens": 8, "temperature": 1.5,
                                    "return_token_ids": True}).json()["choices"][0]["token_ids"] for _ in range(3)]
     assert len({tuple(u) for u in unseeded}) > 1  # no seed: not the same draw every time
@@ -138,6 +183,13 @@ def test_openai_parameters_mean_what_they_mean(server):
     for name, value in (("tools", []), ("response_format", {"type": "json_object"}), ("echo", True)):
         r = _complete(server, {"prompt": "hi", name: value})
         assert r.status_code == 400 and r.json()["error"]["message"] == f"the parameter '{name}' is not supported by this server"
+    for bad in ({"prompt": "hi", "logit_bias": {"\u00b2": 1}}, {"prompt": "hi", "logit_bias": {"1": 1, "01": 1}},
+                {"prompt": "hi", "stream_options": {"include_usage": True}}):
+        r = _complete(server, bad)
+        assert r.status_code == 400 and r.json()["error"]["message"], bad
+    r = httpx.post(server.base + "/v1/chat/completions", timeout=30, json={
+        "model": MODEL, "top_logprobs": 2, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and "top_logprobs needs logprobs" in r.json()["error"]["message"]
 
 
 def test_the_schema_says_what_the_server_does(server):
@@ -154,7 +206,7 @@ def test_draining_answers_503_to_new_requests_while_the_last_ones_finish():
 
     def stream():
         with httpx.stream("POST", srv.base + "/v1/completions", timeout=120,
-                          json={"model": MODEL, **_greedy([2, 5, 6], 120), "stream": True}) as r:
+                          json={"model": MODEL, **_greedy([2, 5, 6], 400), "stream": True}) as r:
             lines.extend(line for line in r.iter_lines() if line)
         done.set()
 

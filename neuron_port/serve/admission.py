@@ -79,7 +79,11 @@ def prompt_ids(served: Served, body: CommonFields) -> list[int]:
 def _max_tokens(served: Served, body: CommonFields, prompt_len: int) -> int:
     asked = getattr(body, "max_completion_tokens", None)
     param = "max_completion_tokens" if asked is not None else "max_tokens"
-    wanted = asked if asked is not None else (body.max_tokens or min(DEFAULT_MAX_TOKENS, served.kv_len - prompt_len))
+    room = served.kv_len - prompt_len
+    if room < 1:
+        raise Rejected(400, f"the prompt of {prompt_len} tokens fills the context of {served.kv_len} tokens: no room for "
+                            "new tokens", param="prompt")
+    wanted = asked if asked is not None else (body.max_tokens or min(DEFAULT_MAX_TOKENS, room))
     if prompt_len + wanted > served.kv_len:
         raise Rejected(400, f"{param} {wanted} with a prompt of {prompt_len} tokens exceeds the context of "
                             f"{served.kv_len} tokens (at most {served.kv_len - prompt_len} new tokens)", param=param)

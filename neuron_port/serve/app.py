@@ -26,10 +26,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from neuron_port.engine import QueueFull, Request
+from neuron_port.errors import NeuronPortError
 from neuron_port.serve.admission import Rejected, admit
-from neuron_port.serve.http import BodyLimit, documented_openapi, validation_message
+from neuron_port.serve.http import BodyLimit, FrontDoor, documented_openapi, validation_message
 from neuron_port.serve.loading import Served
-from neuron_port.serve.metrics import Metrics, render_metrics, route_label
+from neuron_port.serve.metrics import UNMATCHED, Metrics, render_metrics, route_label
 from neuron_port.serve.reply import Reply, error
 from neuron_port.serve.schemas import ChatRequest, CommonFields, CompletionRequest
 
@@ -50,9 +51,20 @@ class ServerApp:
         self.app = FastAPI(title="neuron-port OpenAI-compatible server")
         self.app.state.neuron_port = self.state
         self._register()
-        self.app.add_middleware(BodyLimit, limit=max_body_bytes)
+        self.app.add_middleware(FrontDoor, gate=self.gate, count=lambda scope, status: self.metrics.count(
+            self._label(scope), status))
+        self.app.add_middleware(BodyLimit, limit=max_body_bytes,
+                                count=lambda scope, status: self.metrics.count(self._label(scope), status))
         self.app.openapi = lambda: documented_openapi(self.app)
         threading.Thread(target=self._load, args=(load,), name="neuron-port-loader", daemon=True).start()
+
+    def _label(self, scope: dict) -> str:
+        """The metrics label of a request: the route that matched, else its path when it names a route
+        (answered before routing: 401, 413, 503), else ``unmatched``."""
+        label = route_label(scope)
+        if label == UNMATCHED and scope.get("path") in {getattr(route, "path", None) for route in self.app.routes}:
+            return scope["path"]
+        return label
 
     def _load(self, load: Callable[[], Served]) -> None:
         try:
@@ -64,35 +76,31 @@ class ServerApp:
         app = self.app
         app.add_exception_handler(RequestValidationError, self.on_validation_error)
         app.add_exception_handler(StarletteHTTPException, self.on_http_error)
-        app.middleware("http")(self.front_door)
         app.get("/health")(self.health)
         app.get("/metrics")(self.metrics_page)
         app.get("/v1/models")(self.list_models)
 
-        async def completions(body: CompletionRequest):
-            return await self.complete(body, chat=False)
+        async def completions(body: CompletionRequest, http: HttpRequest):
+            return await self.complete(body, http, chat=False)
 
-        async def chat_completions(body: ChatRequest):
-            return await self.complete(body, chat=True)
+        async def chat_completions(body: ChatRequest, http: HttpRequest):
+            return await self.complete(body, http, chat=True)
 
         for path, route in (("/v1/completions", completions), ("/v1/chat/completions", chat_completions)):
             app.post(path, responses={200: {"content": {"application/json": {}, "text/event-stream": {}}}})(route)
 
-    # ---- every request: auth, drain, metrics, unhandled errors ------------------------------------
-    async def front_door(self, request: HttpRequest, call_next):
-        path = request.url.path
-        if path.startswith("/v1/") and self.api_key and request.headers.get("authorization", "") != f"Bearer {self.api_key}":
-            response = error(401, "missing or wrong API key (send 'Authorization: Bearer <key>')", "authentication_error")
-        elif path.startswith("/v1/") and self.state["draining"]:
-            response = error(503, "the server is shutting down; retry on another replica", "server_error",
-                             headers={"Retry-After": RETRY_AFTER_S})
-        else:
-            try:
-                response = await call_next(request)
-            except Exception as exc:  # noqa: BLE001 - never a plain-text 500: an error object, counted
-                response = error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
-        self.metrics.count(route_label(request.scope), response.status_code)
-        return response
+    # ---- every request: auth and drain first (FrontDoor also counts and catches) ---------------------
+    def gate(self, scope: dict) -> JSONResponse | None:
+        """The answer a ``/v1`` request gets before any route runs, or None to let it through."""
+        if not scope.get("path", "").startswith("/v1/"):
+            return None
+        headers = dict(scope.get("headers") or [])
+        if self.api_key and headers.get(b"authorization", b"").decode("latin-1") != f"Bearer {self.api_key}":
+            return error(401, "missing or wrong API key (send 'Authorization: Bearer <key>')", "authentication_error")
+        if self.state["draining"]:
+            return error(503, "the server is shutting down; retry on another replica", "server_error",
+                         headers={"Retry-After": RETRY_AFTER_S})
+        return None
 
     async def on_validation_error(self, request: HttpRequest, exc: RequestValidationError):
         message, param = validation_message(exc.errors())
@@ -104,8 +112,10 @@ class ServerApp:
 
     # ---- plain routes ------------------------------------------------------------------------
     async def health(self):
-        if self.state["error"]:
-            return JSONResponse(status_code=503, content={"status": "failed", "error": self.state["error"]})
+        served = self.state["served"]
+        failure = self.state["error"] or (served.engine.error if served is not None else None)
+        if failure:
+            return JSONResponse(status_code=503, content={"status": "failed", "error": failure})
         if self.state["draining"]:
             return JSONResponse(status_code=503, content={"status": "draining"})
         if self.state["served"] is None:
@@ -124,7 +134,7 @@ class ServerApp:
         return {"object": "list", "data": data}
 
     # ---- completions -------------------------------------------------------------------------
-    async def complete(self, body: CommonFields, chat: bool):
+    async def complete(self, body: CommonFields, http: HttpRequest, chat: bool):
         """Check (off the loop), queue one engine request per choice, and answer (streamed or whole)."""
         served = self.state["served"]
         if served is None:
@@ -139,19 +149,18 @@ class ServerApp:
         requests = [Request(admitted.prompt, params, lambda ev, i=i: loop.call_soon_threadsafe(queue.put_nowait, (i, ev)))
                     for i, params in enumerate(admitted.choices)]
         try:
-            for req in requests:
-                served.engine.submit(req)
+            served.engine.submit_all(requests)  # every choice or none
         except QueueFull as exc:
-            for req in requests:
-                req.cancelled.set()
             return error(429, str(exc), "rate_limit_error", headers={"Retry-After": RETRY_AFTER_S})
+        except NeuronPortError as exc:  # the engine stopped
+            return error(503, str(exc), "server_error")
         self.metrics.add("prompt_tokens", len(admitted.prompt))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        reply = Reply(served, self.metrics, chat, requests, queue, len(admitted.prompt), admitted.logprobs,
+        reply = Reply(served, self.metrics, chat, requests, queue, admitted.prompt, admitted.logprobs,
                       body.return_token_ids, include_usage)
         if body.stream:
             return StreamingResponse(reply.stream(), media_type="text/event-stream")
-        return await reply.whole()
+        return await reply.whole(http.is_disconnected)
 
 
 def build_app(load: Callable[[], Served], api_key: str | None = None, max_body_bytes: int = DEFAULT_BODY_LIMIT) -> FastAPI:

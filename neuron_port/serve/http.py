@@ -1,7 +1,8 @@
 """HTTP-level pieces of the server: the request-body limit, validation messages, the OpenAPI document.
 
 * :class:`BodyLimit`: an ASGI middleware that answers 413 to a body over the limit — at once when
-  ``Content-Length`` says so (the body is never read), or as soon as a chunked body passes it.
+  ``Content-Length`` says so (the body is never read), or as soon as a chunked body passes it (the
+  body is read up to the limit before the app sees any of it, so a refused request never runs).
 * :func:`validation_message`: pydantic's first error as one line naming the parameter; an unknown
   parameter, or one OpenAI defines that this server does not implement, says exactly that.
 * :func:`documented_openapi`: the schema FastAPI generates, corrected to what the server does:
@@ -20,41 +21,76 @@ from neuron_port.serve.schemas import NOT_IMPLEMENTED
 
 
 class BodyLimit:
-    """413 for request bodies over ``limit`` bytes."""
+    """413 for request bodies over ``limit`` bytes; ``count(scope, 413)`` for each refusal."""
 
-    def __init__(self, app: Any, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, app: Any, limit: int, count: Any = None):
+        self.app, self.limit, self.count = app, limit, count
 
-    def _too_large(self) -> Any:
-        return error(413, f"the request body is larger than the server's limit of {self.limit} bytes", param="body")
+    async def _refuse(self, scope: dict, receive: Any, send: Any) -> None:
+        if self.count is not None:
+            self.count(scope, 413)
+        response = error(413, f"the request body is larger than the server's limit of {self.limit} bytes", param="body")
+        await response(scope, receive, send)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await self._too_large()(scope, receive, send)
-        seen, over = 0, False
-
-        async def counted() -> dict:
-            nonlocal seen, over
-            if over:
-                return {"type": "http.request", "body": b"", "more_body": False}
+            return await self._refuse(scope, receive, send)
+        body, more = b"", True
+        while more:  # read it all, up to the limit, before the app sees any of it
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    over = True
-                    return {"type": "http.request", "body": b"", "more_body": False}
-            return message
+            if message["type"] != "http.request":
+                return await self.app(scope, receive, send)  # a disconnect: the app hears it
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.limit:
+                return await self._refuse(scope, receive, send)
+        replayed = False
 
-        async def guarded(message: dict) -> None:
-            if not over:
-                await send(message)
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
 
-        await self.app(scope, counted, guarded)
-        if over:
-            await self._too_large()(scope, receive, send)
+        await self.app(scope, replay, send)
+
+
+class FrontDoor:
+    """Every HTTP request: ``gate(scope)`` may answer it first (auth, drain); otherwise the app runs,
+    an exception it lets out becomes a JSON 500 (never plain text), and ``count(scope, status)``
+    records every answer. A pure ASGI middleware, so the app reads the client's own channel
+    (``Request.is_disconnected`` works inside a handler)."""
+
+    def __init__(self, app: Any, gate: Any, count: Any):
+        self.app, self.gate, self.count = app, gate, count
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        refusal = self.gate(scope)
+        if refusal is not None:
+            self.count(scope, refusal.status_code)
+            return await refusal(scope, receive, send)
+        status: list[int] = []
+
+        async def recorded(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, recorded)
+        except Exception as exc:  # noqa: BLE001 - an error object, counted, whatever went wrong
+            if status:
+                raise  # the answer had started: nothing else can be sent
+            response = error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+            await response(scope, receive, send)
+            status.append(500)
+        self.count(scope, status[0] if status else 500)
 
 
 def validation_message(errors: list[dict]) -> tuple[str, str | None]:
@@ -97,4 +133,4 @@ def documented_openapi(app: FastAPI) -> dict:
     return schema
 
 
-__all__ = ["BodyLimit", "validation_message", "documented_openapi"]
+__all__ = ["BodyLimit", "FrontDoor", "validation_message", "documented_openapi"]

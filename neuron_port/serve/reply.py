@@ -5,7 +5,9 @@ its choice index), a usage chunk when ``stream_options.include_usage`` asks for 
 ``data: [DONE]``. A choice that fails ends the request with an OpenAI error object — or, once a
 stream has started, an SSE ``error`` event followed by ``[DONE]``. Log-probabilities come in
 OpenAI's two shapes: ``tokens``/``token_logprobs``/``top_logprobs``/``text_offset`` for
-completions, ``content: [{token, logprob, bytes, top_logprobs}]`` for chat.
+completions, ``content: [{token, logprob, bytes, top_logprobs}]`` for chat; a token's text is
+what it adds to the text before it (decoded in a short window of context, so leading spaces
+survive), and ``text_offset`` counts those texts.
 """
 
 from __future__ import annotations
@@ -38,13 +40,19 @@ def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
+CONTEXT_TOKENS = 8  # tokens of context a token's text is decoded after
+DISCONNECT_POLL_S = 1.0
+
+
 class Reply:
     """The events of a request's choices (one engine request each), turned into its response."""
 
     def __init__(self, served: Served, metrics: Metrics, chat: bool, requests: list[Request], queue: asyncio.Queue,
-                 prompt_tokens: int, logprobs: int | None, with_ids: bool, include_usage: bool):
+                 prompt: list[int], logprobs: int | None, with_ids: bool, include_usage: bool):
         self.served, self.metrics, self.chat, self.requests, self.queue = served, metrics, chat, requests, queue
-        self.prompt_tokens, self.logprobs, self.with_ids, self.include_usage = prompt_tokens, logprobs, with_ids, include_usage
+        self.prompt_tokens, self.logprobs, self.with_ids, self.include_usage = len(prompt), logprobs, with_ids, include_usage
+        self.context = [list(prompt[-CONTEXT_TOKENS:]) for _ in requests]  # per choice, for token texts
+        self.offsets = [0] * len(requests)
         self.rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.started = time.monotonic()
@@ -52,54 +60,74 @@ class Reply:
     def usage(self, n: int) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n}
 
-    def cancel(self) -> None:
+    def cancel(self, client_left: bool = True) -> None:
+        """Stop every choice (the client went away, or a sibling choice failed)."""
         for req in self.requests:
             req.cancelled.set()
-        self.metrics.add("cancelled", 1)
+        if client_left:
+            self.metrics.add("cancelled", 1)
 
-    async def events(self) -> AsyncIterator[tuple[int, TokenEvent]]:
-        """(choice index, event) until every choice is done; an exception that ended a choice is raised."""
-        open_choices = len(self.requests)
+    async def events(self, disconnected: Any = None) -> AsyncIterator[tuple[int, TokenEvent]]:
+        """(choice index, event) until every choice is done; an exception that ended a choice is raised
+        (its siblings are stopped). ``disconnected``: an async check, polled while waiting."""
+        open_choices, checked = len(self.requests), time.monotonic()
         while open_choices:
-            index, ev = await self.queue.get()
+            try:
+                index, ev = await asyncio.wait_for(self.queue.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                index, ev = None, None
+            if disconnected is not None and time.monotonic() - checked >= DISCONNECT_POLL_S:
+                checked = time.monotonic()
+                if await disconnected():
+                    self.cancel()
+                    raise asyncio.CancelledError("the client went away")
+            if index is None:
+                continue
             if ev is None:
                 open_choices -= 1
                 continue
             if isinstance(ev, BaseException):
+                self.cancel(client_left=False)
                 raise ev
             yield index, ev
 
     # ---- log-probabilities ------------------------------------------------------------------
-    def _token(self, token_id: int) -> str:
+    def _text_of(self, context: list[int], token_id: int) -> str:
+        """What ``token_id`` adds to the text of ``context``."""
         tok = self.served.tokenizer
-        return tok.decode([token_id]) if tok is not None else str(token_id)
+        if tok is None:
+            return str(token_id)
+        before = tok.decode(context)
+        after = tok.decode(context + [token_id])
+        return after[len(before):] if after.startswith(before) else tok.decode([token_id])
 
-    def _chat_logprob(self, ev: TokenEvent) -> dict:
-        def entry(token_id: int, logprob: float) -> dict:
-            text = self._token(token_id)
-            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8", "replace"))}
+    def _logprob_entries(self, index: int, ev: TokenEvent) -> tuple[str, list[tuple[str, float]], int]:
+        """The token's text, its alternatives' texts with log-probabilities, and its text offset; advances the context."""
+        context = self.context[index]
+        text = self._text_of(context, ev.token_id)
+        alternatives = [(self._text_of(context, t), lp) for t, lp in ev.top_logprobs]
+        offset = self.offsets[index]
+        self.offsets[index] += len(text)
+        self.context[index] = (context + [ev.token_id])[-CONTEXT_TOKENS:]
+        return text, alternatives, offset
 
-        return {**entry(ev.token_id, ev.logprob), "top_logprobs": [entry(t, lp) for t, lp in ev.top_logprobs]}
-
-    def _completion_logprobs(self, events: list[TokenEvent]) -> dict:
-        offsets, at = [], 0
-        for ev in events:
-            offsets.append(at)
-            at += len(ev.text)
-        return {"tokens": [self._token(ev.token_id) for ev in events], "token_logprobs": [ev.logprob for ev in events],
-                "top_logprobs": [{self._token(t): lp for t, lp in ev.top_logprobs} for ev in events], "text_offset": offsets}
-
-    def _logprobs(self, events: list[TokenEvent]) -> dict | None:
+    def _logprobs(self, index: int, events: list[TokenEvent]) -> dict | None:
         if self.logprobs is None:
             return None
+        entries = [(ev, *self._logprob_entries(index, ev)) for ev in events]
         if self.chat:
-            return {"content": [self._chat_logprob(ev) for ev in events]}
-        return self._completion_logprobs(events)
+            def item(text: str, logprob: float) -> dict:
+                return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8", "replace"))}
+
+            return {"content": [{**item(text, ev.logprob), "top_logprobs": [item(t, lp) for t, lp in alts]}
+                                for ev, text, alts, _ in entries]}
+        return {"tokens": [text for _, text, _, _ in entries], "token_logprobs": [ev.logprob for ev, *_ in entries],
+                "top_logprobs": [dict(alts) for _, _, alts, _ in entries], "text_offset": [off for *_, off in entries]}
 
     # ---- whole and streamed ---------------------------------------------------------------
     def _choice(self, index: int, events: list[TokenEvent], reason: str | None, delta: bool) -> dict:
         text = "".join(ev.text for ev in events)
-        choice: dict[str, Any] = {"index": index, "finish_reason": reason, "logprobs": self._logprobs(events)}
+        choice: dict[str, Any] = {"index": index, "finish_reason": reason, "logprobs": self._logprobs(index, events)}
         if self.chat:
             choice["delta" if delta else "message"] = {"content": text} if delta else {"role": "assistant", "content": text}
         else:
@@ -112,16 +140,17 @@ class Reply:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
         return {"id": self.rid, "object": kind, "created": self.created, "model": self.served.model_id, "choices": choices}
 
-    async def whole(self) -> dict | JSONResponse:
+    async def whole(self, disconnected: Any = None) -> dict | JSONResponse:
         per_choice: list[list[TokenEvent]] = [[] for _ in self.requests]
         reasons: list[str | None] = ["length"] * len(self.requests)
         try:
-            async for index, ev in self.events():
+            async for index, ev in self.events(disconnected):
                 per_choice[index].append(ev)
                 self.metrics.add("generated_tokens", 1)
                 reasons[index] = ev.finish_reason or reasons[index]
         except asyncio.CancelledError:
-            self.cancel()
+            if not any(req.cancelled.is_set() for req in self.requests):
+                self.cancel()
             raise
         except Exception as exc:  # noqa: BLE001 - this request's failure, reported as its error
             return error(500, f"generation failed: {type(exc).__name__}: {exc}", "server_error")
@@ -138,8 +167,7 @@ class Reply:
             async for index, ev in self.events():
                 generated += 1
                 self.metrics.add("generated_tokens", 1)
-                reason = ev.finish_reason if ev.finish_reason != "cancelled" else None
-                yield _sse(self._envelope([self._choice(index, [ev], reason, True)], True))
+                yield _sse(self._envelope([self._choice(index, [ev], ev.finish_reason, True)], True))
             finished = True
             self.metrics.observe(time.monotonic() - self.started)
             if self.include_usage:

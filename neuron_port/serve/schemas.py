@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_CHOICES = 8
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI allows
 SEED_RANGE = (0, 2**64 - 1)  # what torch's generator seeds take
 
 NOT_IMPLEMENTED = ("echo", "suffix", "best_of", "tools", "tool_choice", "functions", "function_call",
@@ -53,12 +56,22 @@ class CommonFields(BaseModel):
     def _bias(cls, v):
         if v is None:
             return v
+        if len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} logit_bias entries, found {len(v)}")
         for key, bias in v.items():
-            if not key.isdigit():
-                raise ValueError(f"logit_bias keys are token ids, found {key!r}")
+            if not re.fullmatch(r"[0-9]{1,9}", key):
+                raise ValueError(f"logit_bias keys are token ids (ASCII digits), found {key!r}")
             if not -100.0 <= bias <= 100.0:
                 raise ValueError(f"logit_bias values must be in [-100, 100], found {bias} for {key}")
+        if len({int(key) for key in v}) != len(v):
+            raise ValueError("logit_bias names one token id twice (as different strings)")
         return v
+
+    @model_validator(mode="after")
+    def _stream_options_need_a_stream(self):
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream: true")
+        return self
 
     @field_validator("stop")
     @classmethod
@@ -99,6 +112,12 @@ class ChatRequest(CommonFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
 
-__all__ = ["MAX_CHOICES", "MAX_LOGPROBS", "SEED_RANGE", "NOT_IMPLEMENTED", "StreamOptions", "CommonFields",
+
+__all__ = ["MAX_CHOICES", "MAX_LOGPROBS", "MAX_LOGIT_BIAS", "SEED_RANGE", "NOT_IMPLEMENTED", "StreamOptions", "CommonFields",
            "CompletionRequest", "TextPart", "ChatMessage", "ChatRequest"]
