@@ -30,7 +30,8 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from neuron_port.errors import NeuronPortError
+from neuron_port.errors import NeuronPortError, UnsupportedArchitectureError
+from neuron_port.families import adapter_source, family_for
 
 FORMAT = "neuron-port-artifact/1"
 MANIFEST = "manifest.json"
@@ -169,12 +170,35 @@ def _check_versions(manifest: dict[str, Any], allow_mismatch: bool) -> None:
             )
 
 
+def _check_adapter(manifest: dict[str, Any]) -> None:
+    """The adapter that built the artifact must be the one this environment resolves (a plugin
+    artifact needs its plugin installed)."""
+    recorded = manifest.get("adapter")
+    if not recorded:
+        return  # written before adapters were recorded
+    wanted = f"{recorded['distribution']}=={recorded['version']}" if recorded.get("version") else recorded["distribution"]
+    try:
+        found = adapter_source(family_for(manifest["model_type"]))
+    except UnsupportedArchitectureError:
+        raise ArtifactError(
+            f"field adapter: the artifact was built by the adapter {recorded['adapter_class']} of {wanted} for model type "
+            f"{manifest['model_type']!r}, which is not installed here; install that plugin (pip install {wanted})"
+        ) from None
+    if found.adapter_class != recorded["adapter_class"] or found.distribution != recorded["distribution"]:
+        raise ArtifactError(
+            f"field adapter: the artifact was built by {recorded['adapter_class']} of {wanted}, this environment "
+            f"resolves model type {manifest['model_type']!r} to {found.adapter_class} of {found.requirement()}; "
+            f"install {wanted} (or rebuild the artifact with the adapter you have)"
+        )
+
+
 def verify(directory: str | Path, allow_version_mismatch: bool = False) -> dict[str, Any]:
     """Every check a loader needs before trusting an artifact; returns the manifest."""
     directory = Path(directory)
     manifest = read_manifest(directory)
     _check_digests(manifest)
     _check_versions(manifest, allow_version_mismatch)
+    _check_adapter(manifest)
     present = {str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST}
     for rel, digest in sorted(manifest["files"].items()):
         path = directory / rel

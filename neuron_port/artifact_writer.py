@@ -30,7 +30,7 @@ from neuron_port.artifact import (
 from neuron_port.backends import get_backend
 from neuron_port.configs import config_to_dict
 from neuron_port.embedding import HostEmbeddings
-from neuron_port.families import family_of
+from neuron_port.families import adapter_source, family_of
 from neuron_port.localdir import write_tokenizer
 from neuron_port.models import checkpoint_state
 from neuron_port.port import Port
@@ -106,6 +106,7 @@ def write_artifact(
             "backend": backend,
             "versions": installed_versions(),
             "model_type": config_dict["model_type"],
+            "adapter": adapter_source(family_of(model)).to_json(),
             "config_hash": config_hash(config_dict),
             "weights_fingerprint": weights_fingerprint(checkpoint_state(model, clone=False)),
             "source": source,

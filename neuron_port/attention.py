@@ -14,12 +14,30 @@ attribute of a particular family, so every family's attention modules can call i
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 from torch import nn
 
 NAME = "neuron_port_eager"
 KV_EXPAND = "neuron_port_kv_expand"
 """Keyword argument carrying ``{attention module: [local_q, local_kv] one-hot}`` for straddling ranks."""
+
+_RECORDINGS: list[set[int]] = []
+
+
+@contextmanager
+def recording() -> Iterator[set[int]]:
+    """A set that collects ``id(module)`` of every attention module that calls :func:`static_attention`
+    while the block runs (eagerly; a traced graph runs no Python). The self-check's sentinel: it
+    shows which layers really run this function, whatever their configs say."""
+    seen: set[int] = set()
+    _RECORDINGS.append(seen)
+    try:
+        yield seen
+    finally:
+        _RECORDINGS.remove(seen)
 
 
 def expand_kv(states: torch.Tensor, expand: torch.Tensor) -> torch.Tensor:
@@ -43,6 +61,8 @@ def static_attention(
 
     Returns ([b, q_len, q_heads, d], attention weights).
     """
+    for seen in _RECORDINGS:
+        seen.add(id(module))
     if attention_mask is None:
         # The static graphs always hand over host-built masks. None means the text model
         # dropped them (a family adapter gave the mask in a form its model ignores), and
@@ -87,4 +107,4 @@ def register() -> str:
     return NAME
 
 
-__all__ = ["NAME", "KV_EXPAND", "static_attention", "expand_kv", "register"]
+__all__ = ["NAME", "KV_EXPAND", "static_attention", "expand_kv", "recording", "register"]

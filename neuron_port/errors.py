@@ -28,4 +28,12 @@ class BucketError(NeuronPortError, ValueError):
 
 
 class ParallelRankError(NeuronPortError, RuntimeError):
-    """A tensor-parallel worker process died or failed."""
+    """A tensor-parallel worker process died or failed. The message names the rank and where it
+    raised (file, line, function, exception); ``rank_traceback`` holds the rank's whole traceback."""
+
+    rank: int | None = None
+    rank_traceback: str | None = None
+
+
+class AdapterError(NeuronPortError, NotImplementedError):
+    """A family adapter that lacks a hook the operation needs (the message names the hook)."""

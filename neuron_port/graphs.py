@@ -28,7 +28,6 @@ from torch import nn
 from neuron_port import attention
 from neuron_port.families import family_of
 from neuron_port.kvcache import KVStoreSpec, onehot_write, scatter_write_
-from neuron_port.models import force_eager
 from neuron_port.shapes import StoreShapes
 from neuron_port.step import INPUT_NAMES, kv_aliases
 
@@ -88,7 +87,7 @@ class StaticLMGraph(nn.Module):
                  kv_expand: Mapping[int, torch.Tensor] | None = None):
         super().__init__()
         self.family = family_of(model)
-        force_eager(model.config, attention.register())
+        self.family.use_attention(model, attention.register())
         self.model = model
         self.spec = spec
         self.prefill = prefill

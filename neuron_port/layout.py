@@ -151,8 +151,8 @@ def check_model(layout: Layout, model: nn.Module) -> list[str]:
     if len(layers) != layout.num_layers:
         found.append(f"config says {layout.num_layers} layers, model has {len(layers)}")
     for spec, layer in zip(layout.layers, layers):
-        proj = family.attention_projections(family.attention(layer))
-        k, v = proj["k"], proj["v"]
+        proj, _ = family.layer_projections(layer, spec.index)
+        k, v = proj.get("k"), proj.get("v")
         if not spec.is_owner and k is not None:
             found.append(f"layer {spec.index}: config says KV-shared (reads layer {spec.kv_source}) but it has a K projection")
         if spec.is_owner and k is None:

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from neuron_port.configs import load_config
+from neuron_port.errors import AdapterError
 from neuron_port.layout import Layout, describe
 from neuron_port.logits import softcap
 from neuron_port.models import build_model
@@ -142,10 +143,8 @@ def _scan(traced: torch.jit.ScriptModule, name: str, tiny_vocab: int, real: Layo
     return findings
 
 
-def lint_model(name: str, softcap_in_graph: bool = False, dtype_bytes: int = 2) -> dict[str, Any]:
-    """Trace the tiny variant's graphs and report findings at the real config's dimensions."""
-    real = describe(load_config(name))
-    tiny_config = load_config(name, tiny=True)
+def _graph_findings(tiny_config, real: Layout, softcap_in_graph: bool, dtype_bytes: int) -> list[Finding]:
+    """Findings on the traced prefill and decode graphs of the tiny variant."""
     model = build_model(tiny_config, seed=0)
     tiny = describe(model)
     port = Port(copy.deepcopy(model), tiny, [16], [32])
@@ -156,6 +155,22 @@ def lint_model(name: str, softcap_in_graph: bool = False, dtype_bytes: int = 2) 
     findings: list[Finding] = []
     for gname, (graph, inputs) in graphs.items():
         findings += _scan(_trace(graph, inputs), gname, tiny.vocab_size, real, dtype_bytes)
+    return findings
+
+
+def lint_model(name: str, softcap_in_graph: bool = False, dtype_bytes: int = 2) -> dict[str, Any]:
+    """Trace the tiny variant's graphs and report findings at the real config's dimensions.
+
+    A family without a tiny variant gets the findings that need no graph, and one saying the
+    graphs were not traced and which adapter hook would let them be."""
+    real = describe(load_config(name))
+    try:
+        tiny_config = load_config(name, tiny=True)
+    except AdapterError as exc:
+        findings = [Finding("graphs-not-traced", "warning", f"{real.model_type}: no tiny variant", str(exc),
+                            "give the adapter a tiny variant (tiny_heads, or tiny_config_dict) to lint its graphs")]
+    else:
+        findings = _graph_findings(tiny_config, real, softcap_in_graph, dtype_bytes)
     windows = sorted({s.window for s in real.layers if s.window})
     for w in windows:
         tiled = w * 4

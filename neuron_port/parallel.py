@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -30,6 +32,9 @@ import torch
 from neuron_port.errors import ParallelRankError
 
 CHILD_ENV = "NEURON_PORT_TP_CHILD"
+SPAWN_DIR_ENV = "NEURON_PORT_TP_SPAWN_DIR"
+"""Set while ranks are spawned: where a rank that finds an unguarded ``__main__`` leaves word."""
+UNGUARDED_MAIN = "unguarded_main"
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 RankFn = Callable[[int, Reduce], Any]
 
@@ -41,6 +46,22 @@ def identity_reduce(x: torch.Tensor) -> torch.Tensor:
 
 def is_tp_child() -> bool:
     return os.environ.get(CHILD_ENV) == "1"
+
+
+def rank_failure_message(rank: int, tp: int, trace: str) -> str:
+    """``rank R of TP failed at FILE:LINE in FUNCTION: Exception: message`` from a formatted traceback
+    (the innermost frame: where the exception was raised)."""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', trace)
+    lines = [line for line in trace.strip().splitlines() if line and not line.startswith(" ")]
+    last = lines[-1] if lines else "(no exception text)"
+    where = f" at {frames[-1][0]}:{frames[-1][1]} in {frames[-1][2]}" if frames else ""
+    return f"rank {rank} of {tp} failed{where}: {last}"
+
+
+def _rank_error(rank: int, tp: int, trace: str) -> ParallelRankError:
+    error = ParallelRankError(rank_failure_message(rank, tp, trace))
+    error.rank, error.rank_traceback = rank, trace
+    return error
 
 
 # ---- in-process ranks ------------------------------------------------------------------------
@@ -93,7 +114,8 @@ def run_in_process(fn: RankFn, tp: int) -> list[Any]:
         t.join()
     for rank, err in enumerate(errors):
         if err is not None and not isinstance(err, threading.BrokenBarrierError):
-            raise ParallelRankError(f"rank {rank} of {tp} failed: {err!r}") from err
+            trace = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+            raise _rank_error(rank, tp, trace) from err
     if any(errors):
         raise ParallelRankError(f"a rank of {tp} left the group early")
     return results
@@ -141,6 +163,7 @@ def run_gloo(fn: RankFn, tp: int, timeout_s: float = 600.0, threads_per_rank: in
 
     ``fn`` must be importable (a module-level function) and return JSON-able data.
     """
+    _refuse_unguarded_main()
     if is_tp_child():
         raise ParallelRankError(f"run_gloo called inside a TP worker ({CHILD_ENV}=1): refusing to re-spawn")
     import torch.multiprocessing as mp
@@ -148,13 +171,7 @@ def run_gloo(fn: RankFn, tp: int, timeout_s: float = 600.0, threads_per_rank: in
     with tempfile.TemporaryDirectory(prefix="neuron_port_tp_") as out_dir:
         init = f"tcp://127.0.0.1:{free_port()}"
         try:
-            ctx = mp.start_processes(
-                _gloo_entry,
-                args=(tp, init, fn, out_dir, threads_per_rank),
-                nprocs=tp,
-                join=False,
-                start_method="spawn",
-            )
+            ctx = _spawn(mp, (tp, init, fn, out_dir, threads_per_rank), tp, out_dir)
             deadline = time.monotonic() + timeout_s
             while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
                 if time.monotonic() >= deadline:
@@ -162,25 +179,61 @@ def run_gloo(fn: RankFn, tp: int, timeout_s: float = 600.0, threads_per_rank: in
                         proc.kill()
                     raise ParallelRankError(f"tensor-parallel group of {tp} did not finish within {timeout_s:.0f} s")
         except mp.ProcessRaisedException as exc:
-            raise ParallelRankError(_rank_failure(out_dir, tp, str(exc))) from None
+            raise _rank_failure(out_dir, tp, str(exc)) from None
         except mp.ProcessExitedException as exc:
+            unguarded = Path(out_dir) / UNGUARDED_MAIN
+            if unguarded.exists():
+                raise ParallelRankError(_unguarded_message(unguarded.read_text())) from None
             raise ParallelRankError(f"rank {exc.error_index} of {tp} died (exit code {exc.exit_code})") from None
         results = []
         for rank in range(tp):
             path = Path(out_dir) / f"rank{rank}.json"
             if not path.exists():
-                raise ParallelRankError(_rank_failure(out_dir, tp, f"rank {rank} produced no result"))
+                raise _rank_failure(out_dir, tp, f"rank {rank} produced no result")
             results.append(json.loads(path.read_text()))
         return results
 
 
-def _rank_failure(out_dir: str, tp: int, fallback: str) -> str:
+def _spawn(mp, args: tuple, tp: int, out_dir: str):
+    """Start the rank processes; they inherit ``SPAWN_DIR_ENV`` (only while they start)."""
+    previous = os.environ.get(SPAWN_DIR_ENV)
+    os.environ[SPAWN_DIR_ENV] = out_dir
+    try:
+        return mp.start_processes(_gloo_entry, args=args, nprocs=tp, join=False, start_method="spawn")
+    finally:
+        if previous is None:
+            os.environ.pop(SPAWN_DIR_ENV, None)
+        else:
+            os.environ[SPAWN_DIR_ENV] = previous
+
+
+def _unguarded_message(script: str) -> str:
+    return (f"the script {script} starts tensor-parallel ranks when it is imported: each gloo rank is a spawned "
+            "process that imports the main script again, so the launch ran inside the ranks too. Put the code that "
+            "runs the port under a guard:\n    if __name__ == \"__main__\":\n        main()")
+
+
+def _refuse_unguarded_main() -> None:
+    """Inside a rank still importing the parent's ``__main__`` (multiprocessing's bootstrap), a
+    launch means the script has no ``__main__`` guard: leave word for the parent and stop."""
+    import multiprocessing
+
+    if not getattr(multiprocessing.current_process(), "_inheriting", False):
+        return
+    script = getattr(sys.modules.get("__mp_main__") or sys.modules.get("__main__"), "__file__", None) or "(unknown)"
+    spawn_dir = os.environ.get(SPAWN_DIR_ENV)
+    if spawn_dir and Path(spawn_dir).is_dir():
+        (Path(spawn_dir) / UNGUARDED_MAIN).write_text(str(script))
+    raise ParallelRankError(_unguarded_message(script))
+
+
+def _rank_failure(out_dir: str, tp: int, fallback: str) -> ParallelRankError:
     for rank in range(tp):
         err = Path(out_dir) / f"rank{rank}.error"
         if err.exists():
-            last = err.read_text().strip().splitlines()[-1]
-            return f"rank {rank} of {tp} failed: {last}"
-    return fallback
+            return _rank_error(rank, tp, err.read_text())
+    return ParallelRankError(fallback)
 
 
-__all__ = ["Reduce", "identity_reduce", "CHILD_ENV", "is_tp_child", "run_in_process", "run_gloo", "free_port"]
+__all__ = ["Reduce", "identity_reduce", "CHILD_ENV", "is_tp_child", "rank_failure_message", "run_in_process",
+           "run_gloo", "free_port"]

@@ -133,10 +133,10 @@ def _count_device_params(layout: Layout, config: Any, tp: int, embeddings_on_dev
     total = 0
     for spec, layer in zip(layout.layers, family.decoder_layers(model)):
         layer_params = sum(p.numel() for p in layer.parameters())
-        proj = family.attention_projections(family.attention(layer))
+        proj, ff = family.layer_projections(layer, spec.index)
         q_o = proj["q"].weight.numel() + proj["o"].weight.numel()
-        kv = sum(proj[r].weight.numel() for r in ("k", "v") if proj[r] is not None)
-        mlp = sum(m.weight.numel() for m in family.mlp_projections(family.mlp(layer)).values())
+        kv = sum(proj[r].weight.numel() for r in ("k", "v") if proj.get(r) is not None)
+        mlp = sum(m.weight.numel() for m in ff.values())
         rest = layer_params - q_o - kv - mlp
         local_kv = len(plan.layers[spec.index].plan.ranks[0].kv_heads) if plan else spec.n_kv
         kv_local = kv // spec.n_kv * local_kv if kv else 0

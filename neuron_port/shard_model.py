@@ -75,30 +75,38 @@ def shard_model(
     family = layout.family
     for spec, layer, lplan in zip(layout.layers, family.decoder_layers(shard), plan.layers):
         heads = lplan.plan.ranks[rank]
-        d = spec.head_dim
+        proj, ff = family.layer_projections(layer, spec.index)
         attn = family.attention(layer)
-        proj = family.attention_projections(attn)
-        q, o = proj["q"], proj["o"]
-        family.set_attention_projection(attn, "q", linear_from(
-            head_rows(q.weight, heads.q_heads, d),
-            head_rows(q.bias[:, None], heads.q_heads, d)[:, 0] if q.bias is not None else None))
-        for role in ("k", "v"):
-            kv = proj[role]
-            if kv is not None:
-                bias = head_rows(kv.bias[:, None], heads.kv_heads, d)[:, 0] if kv.bias is not None else None
-                family.set_attention_projection(attn, role, linear_from(head_rows(kv.weight, heads.kv_heads, d), bias))
-        family.set_attention_projection(attn, "o", RowParallelLinear(head_columns(o.weight, heads.q_heads, d), o.bias, reduce))
+        family.set_attention_projections(attn, _attention_shard(proj, heads, spec.head_dim, reduce))
         if heads.groups is not None:
             family.set_kv_groups(attn, heads.groups)
         mlp = family.mlp(layer)
-        ff = family.mlp_projections(mlp)
-        for role in ("gate", "up"):
-            w = ff[role]
-            bias = column_split(w.bias[:, None], tp, rank)[:, 0] if w.bias is not None else None
-            family.set_mlp_projection(mlp, role, linear_from(column_split(w.weight, tp, rank), bias))
-        down = ff["down"]
-        family.set_mlp_projection(mlp, "down", RowParallelLinear(row_split(down.weight, tp, rank), down.bias, reduce))
+        local = {role: linear_from(column_split(ff[role].weight, tp, rank), _column_bias(ff[role].bias, tp, rank))
+                 for role in ("gate", "up")}
+        local["down"] = RowParallelLinear(row_split(ff["down"].weight, tp, rank), ff["down"].bias, reduce)
+        family.set_mlp_projections(mlp, local)
     return shard
+
+
+def _column_bias(bias: torch.Tensor | None, tp: int, rank: int) -> torch.Tensor | None:
+    return column_split(bias[:, None], tp, rank)[:, 0] if bias is not None else None
+
+
+def _head_bias(bias: torch.Tensor | None, heads: tuple[int, ...], head_dim: int) -> torch.Tensor | None:
+    return head_rows(bias[:, None], heads, head_dim)[:, 0] if bias is not None else None
+
+
+def _attention_shard(proj: dict, heads, head_dim: int, reduce: Reduce) -> dict[str, nn.Module]:
+    """A rank's q (its query heads), k and v (its KV heads, where the layer has them) and o
+    (the columns of its query heads, row-parallel)."""
+    out: dict[str, nn.Module] = {"q": linear_from(head_rows(proj["q"].weight, heads.q_heads, head_dim),
+                                                  _head_bias(proj["q"].bias, heads.q_heads, head_dim))}
+    for role in ("k", "v"):
+        if proj.get(role) is not None:
+            out[role] = linear_from(head_rows(proj[role].weight, heads.kv_heads, head_dim),
+                                    _head_bias(proj[role].bias, heads.kv_heads, head_dim))
+    out["o"] = RowParallelLinear(head_columns(proj["o"].weight, heads.q_heads, head_dim), proj["o"].bias, reduce)
+    return out
 
 
 __all__ = ["RowParallelLinear", "linear_from", "shard_model"]

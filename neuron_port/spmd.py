@@ -37,6 +37,9 @@ def spmd_model(model: nn.Module, setup: RankSetup) -> tuple[nn.Module, dict[int,
     check_setup_matches(setup, model)
     layout, plan, tp = setup.layout, setup.plan, setup.tp
     family = layout.family
+    if family.fused_projections:
+        raise ShardingError(f"the {family.name} adapter's projections are fused: their roles cannot be even SPMD "
+                            "slices (run the ranks as gloo processes on the CPU backend instead)")
     out = copy.deepcopy(model)
     kv_heads = {}
     for spec, layer in zip(layout.layers, family.decoder_layers(out)):

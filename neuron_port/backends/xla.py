@@ -29,7 +29,6 @@ import glob
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Sequence
 

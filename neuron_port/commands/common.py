@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 
@@ -41,7 +42,11 @@ def emit_generation(out: dict[str, Any], args: argparse.Namespace) -> int:
             print(f"{key}: {value}")
         if args.check:
             print(f"SEQ_MATCH {out['seq_match']}")
-    return 0 if (not args.check or out["seq_match"]) else 1
+    for check in out.get("self_checks", []):
+        if check["status"] == "fail":
+            print(f"error: self-check {check['name']} failed: {check['detail']}\n  fix: {check['fix']}", file=sys.stderr)
+    passed = out.get("seq_match", True) and out.get("self_checks_passed", True)
+    return 0 if (not args.check or passed) else 1
 
 
 def add_prompt_options(p: argparse.ArgumentParser, default_tokens: int) -> None:

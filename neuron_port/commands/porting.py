@@ -42,10 +42,11 @@ def _cmd_port(args: argparse.Namespace) -> int:
         from neuron_port.xla_port import xla_port
 
         port, backend = xla_port(model, setup, shape, batch=args.batch)
-        result = generate(port, prompts, args.max_new_tokens, stop_ids=stop_ids)
+        result = generate(port, prompts, args.max_new_tokens, stop_ids=stop_ids, keep_logits=args.check)
         lowering = backend.report()
     else:
-        result = generate(model, prompts, args.max_new_tokens, stop_ids=stop_ids, shape=shape, setup=setup)
+        result = generate(model, prompts, args.max_new_tokens, stop_ids=stop_ids, shape=shape, setup=setup,
+                          keep_logits=args.check)
     out: dict[str, Any] = {
         "model": args.model, "tiny": args.tiny, "backend": args.backend, "tp": args.tp, "batch": args.batch,
         "prompt_tokens": len(prompt),
@@ -68,7 +69,20 @@ def _cmd_port(args: argparse.Namespace) -> int:
         out["rows"] = [{"prompt_tokens": len(p), "tokens": t} for p, t in zip(prompts, result.tokens)]
     if args.check:
         _check_rows(out, model, prompts, result.tokens, args.max_new_tokens, stop_ids)
+        _self_checks(out, model, setup, shape, prompts[0], result)
     return emit_generation(out, args)
+
+
+def _self_checks(out: dict[str, Any], model, setup, shape, prompt: list[int], result) -> None:
+    """What greedy tokens cannot see: host embeddings, the attention function inside the graphs,
+    and every step's logits after the softcap (row 0)."""
+    from neuron_port.selfcheck import as_json, check_attention, check_embeddings, check_step_logits
+
+    logits, report = check_step_logits(model, prompt, result.tokens[0], result.step_logits)
+    checks = [check_embeddings(model), check_attention(model, setup, shape), logits]
+    out["self_checks"] = as_json(checks)
+    out["logit_check"] = report
+    out["self_checks_passed"] = all(check.status != "fail" for check in checks)
 
 
 def _check_rows(out: dict[str, Any], model, prompts: list[list[int]], tokens: list[list[int]], max_new_tokens: int,

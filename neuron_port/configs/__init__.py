@@ -1,7 +1,8 @@
 """Shipped text configs, local config loading, and the ``tiny`` shrinking.
 
 No model hub is reachable from the machines this library is built and tested on, so the real
-configs travel with the package: the three Gemma-4 models and one Llama and one Qwen3 model. A
+configs travel with the package: the three Gemma-4 models, and one model each of Llama, Qwen3,
+Mistral, Qwen2, Gemma-3 (text) and Phi-3. A
 real ``config.json`` always wins: :func:`load_config` accepts a shipped name, a path to a
 ``config.json`` or a model directory holding one (multimodal wrapper configs work too: the
 family adapter takes their text part).
@@ -17,14 +18,19 @@ from typing import Any
 from neuron_port.errors import ConfigError
 from neuron_port.families import family_for
 
-# Shipped name -> config file. The Gemma-4 values come from the checkpoint headers; the Llama
-# and Qwen3 files reproduce the public config.json of Llama-3.2-1B and Qwen3-0.6B.
+# Shipped name -> config file. The Gemma-4 values come from the checkpoint headers; the others
+# reproduce the public config.json of Llama-3.2-1B, Qwen3-0.6B, Mistral-7B-v0.1, Qwen2-0.5B,
+# Gemma-3-1B (text) and Phi-3-mini-4k.
 _SHIPPED_FILES = {
     "gemma-4-e2b": "gemma-4-e2b.json",
     "gemma-4-e4b": "gemma-4-e4b.json",
     "gemma-4-12b": "gemma-4-12b.json",
     "llama": "llama-3.2-1b.json",
     "qwen3": "qwen3-0.6b.json",
+    "mistral": "mistral-7b-v0.1.json",
+    "qwen2": "qwen2-0.5b.json",
+    "gemma-3": "gemma-3-1b.json",
+    "phi-3": "phi-3-mini-4k.json",
 }
 SHIPPED = tuple(_SHIPPED_FILES)
 

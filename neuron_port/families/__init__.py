@@ -4,35 +4,84 @@
 ``family_of(model)`` the adapter of a model instance; anything unknown raises
 :class:`~neuron_port.errors.UnsupportedArchitectureError`. Adapters subclass
 :class:`~neuron_port.families.decoder.DecoderFamily`, the common Hugging Face decoder shape.
+
+Three kinds of adapter answer: the shipped ones below, plugins of other pip-installed
+distributions (the ``neuron_port.families`` entry-point group, :mod:`.plugins`, read on the first
+lookup; a plugin replaces a shipped adapter of the same model type with a warning), and adapters
+registered in this process with :func:`register_family`. :func:`adapter_source` says which one
+built a model (artifacts record it).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from neuron_port.errors import UnsupportedArchitectureError
-from neuron_port.families.decoder import ATTENTION_ROLES, MLP_ROLES, DecoderFamily, SpecialIds
+from neuron_port.families.decoder import ATTENTION_ROLES, MLP_ROLES, DecoderFamily, RoleView, SpecialIds
+from neuron_port.families.gemma3 import GEMMA3, Gemma3Family
 from neuron_port.families.gemma4 import GEMMA4, Gemma4Family
 from neuron_port.families.llama import LLAMA, LlamaFamily
+from neuron_port.families.mistral import MISTRAL, MistralFamily
+from neuron_port.families.phi3 import PHI3, Phi3Family
+from neuron_port.families.plugins import AdapterSource, class_path, discover, shipped_source
+from neuron_port.families.qwen2 import QWEN2, Qwen2Family
 from neuron_port.families.qwen3 import QWEN3, Qwen3Family
 
-FAMILIES: tuple[DecoderFamily, ...] = (GEMMA4, LLAMA, QWEN3)
+FAMILIES: tuple[DecoderFamily, ...] = (GEMMA4, LLAMA, QWEN3, MISTRAL, QWEN2, GEMMA3, PHI3)
 _BY_TYPE = {model_type: family for family in FAMILIES for model_type in family.model_types}
+_SOURCES: dict[int, AdapterSource] = {id(family): shipped_source(family) for family in FAMILIES}
+_plugins_loaded = False
+
+
+def _load_plugins() -> None:
+    """Install the entry-point adapters once (first come by distribution name; later claims warn)."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    claimed: dict[str, AdapterSource] = {}
+    for family, source in discover():
+        for model_type in family.model_types:
+            if model_type in claimed:
+                warnings.warn(f"model type {model_type!r}: plugin {source.entry_point!r} of {source.distribution} is "
+                              f"ignored, {claimed[model_type].distribution}'s adapter already claims it", RuntimeWarning)
+                continue
+            current = _BY_TYPE.get(model_type)
+            if current is not None:
+                warnings.warn(f"model type {model_type!r}: the plugin adapter {source.adapter_class} from "
+                              f"{source.requirement()} replaces the shipped adapter {class_path(current)}",
+                              RuntimeWarning)
+            claimed[model_type] = source
+            _BY_TYPE[model_type] = family
+        _SOURCES[id(family)] = source
 
 
 def supported_model_types() -> list[str]:
-    """Every ``model_type`` an adapter accepts (text and multimodal wrapper types)."""
+    """Every ``model_type`` an adapter accepts (text and multimodal wrapper types), plugins included."""
+    _load_plugins()
     return sorted(_BY_TYPE)
 
 
 def family_for(model_type: str | None) -> DecoderFamily:
     """The adapter for ``model_type``, or a clear error listing what is supported."""
+    _load_plugins()
     try:
         return _BY_TYPE[model_type]  # type: ignore[index]
     except KeyError:
         raise UnsupportedArchitectureError(
-            f"unsupported architecture {model_type}; supported: {', '.join(supported_model_types())}"
+            f"unsupported architecture {model_type}; supported: {', '.join(supported_model_types())} "
+            "(an adapter of another package must be pip-installed with a 'neuron_port.families' entry point)"
         ) from None
+
+
+def adapter_source(family: DecoderFamily) -> AdapterSource:
+    """Which adapter class and distribution (with version) ``family`` is; ``register_family``
+    adapters count as their module's (no distribution)."""
+    source = _SOURCES.get(id(family))
+    if source is None:
+        return AdapterSource(family.name, class_path(family), "(registered in process)", None)
+    return source
 
 
 def register_family(family: DecoderFamily) -> DecoderFamily:
@@ -42,6 +91,7 @@ def register_family(family: DecoderFamily) -> DecoderFamily:
     Registration lives in the process that made it: gloo ranks are fresh processes, so an
     adapter used with ``tp > 1`` must be registered when its own module is imported.
     """
+    _load_plugins()
     taken = sorted(t for t in family.model_types if t in _BY_TYPE and _BY_TYPE[t] is not family)
     if taken:
         raise ValueError(f"model types {taken} already belong to another adapter "
@@ -67,8 +117,15 @@ __all__ = [
     "family_for",
     "family_of",
     "register_family",
+    "adapter_source",
+    "AdapterSource",
     "supported_model_types",
+    "RoleView",
+    "Gemma3Family",
     "Gemma4Family",
     "LlamaFamily",
+    "MistralFamily",
+    "Phi3Family",
+    "Qwen2Family",
     "Qwen3Family",
 ]

@@ -15,37 +15,15 @@ from the per-layer readers below.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from neuron_port.errors import UnsupportedArchitectureError
-
-ATTENTION_ROLES = ("q", "k", "v", "o")
-MLP_ROLES = ("gate", "up", "down")
-
-# Sizes shared by every family's tiny variant. The initializer range is larger than the real
-# 0.02 so that random weights give decisive logits (large top-1/top-2 gaps).
-TINY_INITIALIZER_RANGE = 1.0
-TINY_VOCAB = 512
-TINY_HIDDEN = 64
-TINY_HEAD_DIM = 16
-TINY_INTERMEDIATE = 128
-TINY_PER_LAYER_INPUT = 8
-# Special ids of the demo tokenizer (neuron_port.localdir): pad 0, eos 1, bos 2.
-TINY_SPECIAL_IDS = {"pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
-
-
-@dataclass(frozen=True)
-class SpecialIds:
-    """Token ids the runtime needs: ``bos`` (None when the family adds none) and every ``eos``."""
-
-    bos: int | None
-    eos: tuple[int, ...]
-    pad: int | None
-
+from neuron_port.errors import AdapterError, UnsupportedArchitectureError
+from neuron_port.families.parts import (ATTENTION_ROLES, MLP_ROLES, TINY_HEAD_DIM, TINY_HIDDEN, TINY_INITIALIZER_RANGE,
+                                        TINY_INTERMEDIATE, TINY_PER_LAYER_INPUT, TINY_SPECIAL_IDS, TINY_VOCAB, RoleView,
+                                        SpecialIds)
 
 class DecoderFamily:
     """Adapter for the common Hugging Face decoder layout. Subclasses set the class attributes."""
@@ -78,15 +56,23 @@ class DecoderFamily:
 
         return getattr(importlib.import_module(path[0]), path[1])
 
-    def config_class(self, model_type: str) -> type:
-        if model_type not in self.config_classes:
+    def _class_for(self, hook: str, table: dict[str, tuple[str, str]], model_type: str) -> type:
+        if model_type not in table:
+            if model_type in self.model_types:
+                raise AdapterError(f"the {self.name} adapter names no class for model type {model_type!r}: add it to "
+                                   f"its {hook} (model_type -> (module, class name))")
             raise self._unsupported(model_type)
-        return self._import(self.config_classes[model_type])
+        try:
+            return self._import(table[model_type])
+        except (ImportError, AttributeError) as exc:
+            raise AdapterError(f"the {self.name} adapter's {hook}[{model_type!r}] = {table[model_type]} cannot be "
+                               f"imported: {exc}") from None
+
+    def config_class(self, model_type: str) -> type:
+        return self._class_for("config_classes", self.config_classes, model_type)
 
     def causal_lm_class(self, model_type: str) -> type:
-        if model_type not in self.causal_lm_classes:
-            raise self._unsupported(model_type)
-        return self._import(self.causal_lm_classes[model_type])
+        return self._class_for("causal_lm_classes", self.causal_lm_classes, model_type)
 
     def make_config(self, text_dict: dict[str, Any]) -> Any:
         """A Hugging Face text config object from a text config dict."""
@@ -114,7 +100,8 @@ class DecoderFamily:
         scaling, tying, norms) is kept. Families with more structure override this.
         """
         if self.tiny_heads is None:
-            raise NotImplementedError(f"the {self.name} adapter has no tiny variant")
+            raise AdapterError(f"the {self.name} adapter has no tiny variant: set its tiny_heads (query heads, KV heads) "
+                               "or override tiny_config_dict")
         q_heads, kv_heads = self.tiny_heads
         tiny = dict(text)
         tiny.update(
@@ -229,18 +216,71 @@ class DecoderFamily:
     def mlp(self, layer: nn.Module) -> nn.Module:
         return layer.mlp
 
-    def attention_projections(self, attn: nn.Module) -> dict[str, nn.Module | None]:
-        """Role -> projection module (None where the layer has no such projection)."""
+    # Fused projections (one module for several roles) cannot be split into even SPMD slices per role.
+    fused_projections: bool = False
+
+    def attention_projections(self, attn: nn.Module) -> dict[str, nn.Module | RoleView | None]:
+        """Role -> projection module, or a :class:`RoleView` of a fused one (None where the layer has
+        no such projection). Readers use ``.weight`` and ``.bias`` only."""
         return {role: getattr(attn, attr, None) for role, attr in self._ATTN.items()}
 
     def set_attention_projection(self, attn: nn.Module, role: str, module: nn.Module) -> None:
         setattr(attn, self._ATTN[role], module)
 
-    def mlp_projections(self, mlp: nn.Module) -> dict[str, nn.Module]:
+    def set_attention_projections(self, attn: nn.Module, modules: dict[str, nn.Module]) -> None:
+        """Install a rank's projections, every role of the layer at once (q, its k and v, o).
+
+        Called once per layer, after which the module must compute with the local head counts the
+        new shapes imply. The default sets one attribute per role; a fused family re-fuses here
+        and updates whatever its forward reads (Phi-3: its config copy's head counts)."""
+        for role, module in modules.items():
+            self.set_attention_projection(attn, role, module)
+
+    def mlp_projections(self, mlp: nn.Module) -> dict[str, nn.Module | RoleView]:
         return {role: getattr(mlp, attr) for role, attr in self._MLP.items()}
 
     def set_mlp_projection(self, mlp: nn.Module, role: str, module: nn.Module) -> None:
         setattr(mlp, self._MLP[role], module)
+
+    def set_mlp_projections(self, mlp: nn.Module, modules: dict[str, nn.Module]) -> None:
+        """Install a rank's MLP projections (gate, up, down) at once; see :meth:`set_attention_projections`."""
+        for role, module in modules.items():
+            self.set_mlp_projection(mlp, role, module)
+
+    def use_attention(self, model: nn.Module, implementation: str) -> None:
+        """Make every attention module of ``model`` call ``implementation``: the model's config, its
+        text part, and any config copy a module holds of its own (a fused family's per-layer copy
+        made when sharding keeps whatever it was copied from otherwise)."""
+        self.set_attention_implementation(model.config, implementation)
+        for module in model.modules():
+            config = getattr(module, "config", None)
+            if config is not None and hasattr(config, "_attn_implementation"):
+                config._attn_implementation = implementation
+
+    def layer_projections(self, layer: nn.Module, index: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(attention projections, MLP projections) of decoder layer ``index``, checked: what every
+        reader outside the adapter uses, so an adapter whose hooks miss the model's modules fails
+        with an :class:`AdapterError` naming the hook, not an ``AttributeError`` deep inside."""
+        hook = "attention"
+        try:
+            attn = self.attention(layer)
+            hook = "attention_projections"
+            attn_proj = self.attention_projections(attn)
+            hook = "mlp"
+            mlp = self.mlp(layer)
+            hook = "mlp_projections"
+            mlp_proj = self.mlp_projections(mlp)
+        except (AttributeError, KeyError, TypeError) as exc:
+            raise AdapterError(f"the {self.name} adapter's {hook}() hook failed on layer {index} of a "
+                               f"{type(layer).__name__}: {type(exc).__name__}: {exc}; override {hook} for this model") from None
+        for hook, found, required in (("attention_projections", attn_proj, ("q", "o")),
+                                      ("mlp_projections", mlp_proj, MLP_ROLES)):
+            for role in required:
+                if getattr(found.get(role), "weight", None) is None:
+                    raise AdapterError(f"the {self.name} adapter's {hook}() gave no {role!r} projection with a weight "
+                                       f"for layer {index} (found {type(found.get(role)).__name__}); it must map each "
+                                       f"role to the module (or a RoleView of a fused one) of that layer")
+        return attn_proj, mlp_proj
 
     def set_kv_groups(self, attn: nn.Module, groups: int) -> None:
         """How many query heads share each local KV head (Hugging Face's repeat count)."""
@@ -324,6 +364,7 @@ class DecoderFamily:
 
 
 __all__ = [
+    "RoleView",
     "ATTENTION_ROLES",
     "MLP_ROLES",
     "DecoderFamily",

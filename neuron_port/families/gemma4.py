@@ -40,6 +40,26 @@ _NON_TEXT_PREFIXES = ("model.vision", "model.audio", "model.embed_vision", "mode
 _UNIFIED = "transformers.models.gemma4_unified"
 
 
+GEMMA_CHAT_STOP_TOKENS = ("<end_of_turn>",)
+
+
+def gemma_chat_prompt(messages: list[dict[str, str]]) -> str:
+    """Gemma's turn format: ``<start_of_turn>user`` / ``<start_of_turn>model`` turns closed by
+    ``<end_of_turn>``; system content is prepended to the first user turn (Gemma has no system
+    role); the model's turn opened last."""
+    system = " ".join(m["content"] for m in messages if m["role"] == "system")
+    parts = []
+    for m in messages:
+        if m["role"] == "system":
+            continue
+        role = "model" if m["role"] == "assistant" else "user"
+        content = m["content"]
+        if system and role == "user":
+            content, system = f"{system}\n\n{content}", ""
+        parts.append(f"<start_of_turn>{role}\n{content}<end_of_turn>\n")
+    return "".join(parts) + "<start_of_turn>model\n"
+
+
 class Gemma4Family(DecoderFamily):
     """What the library needs to know about Gemma-4 text models, by name."""
 
@@ -186,23 +206,10 @@ class Gemma4Family(DecoderFamily):
             ple.embed_scale = torch.tensor(ple_scale)
 
     # ---- chat format ----------------------------------------------------------------------------
-    chat_stop_tokens = ("<end_of_turn>",)
+    chat_stop_tokens = GEMMA_CHAT_STOP_TOKENS
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> str:
-        """Gemma's turn format: ``<start_of_turn>user`` / ``<start_of_turn>model`` turns closed by
-        ``<end_of_turn>``; system content is prepended to the first user turn (Gemma has no
-        system role); the model's turn opened last."""
-        system = " ".join(m["content"] for m in messages if m["role"] == "system")
-        parts = []
-        for m in messages:
-            if m["role"] == "system":
-                continue
-            role = "model" if m["role"] == "assistant" else "user"
-            content = m["content"]
-            if system and role == "user":
-                content, system = f"{system}\n\n{content}", ""
-            parts.append(f"<start_of_turn>{role}\n{content}<end_of_turn>\n")
-        return "".join(parts) + "<start_of_turn>model\n"
+        return gemma_chat_prompt(messages)
 
     def layer_buffer_names(self) -> tuple[str, ...]:
         return ("layer_scalar",)
