@@ -7,12 +7,13 @@ reference. Each check passes, fails (with the fix) or is skipped because an earl
 
 Checks, in order: files, tokenizer, weights (config against checkpoint), buffers (the family's
 per-layer buffers, such as Gemma-4's per-layer scalars, present and not reset), artifact (manifest against this environment), port
-(a few greedy tokens against Hugging Face on CPU).
+(a few greedy tokens against Hugging Face on CPU), then the self-checks of :mod:`neuron_port.selfcheck`:
+embeddings, attention (model directories), logits of every step after the softcap.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +21,12 @@ import torch
 
 from neuron_port.errors import NeuronPortError
 from neuron_port.families import DecoderFamily, family_for
+from neuron_port.selfcheck import Check, check_attention, check_embeddings, check_step_logits
 
 SAMPLE_TEXTS = ("hello world", "the capital of france is paris", "water and fire")
 UNK_FLOOD = 0.2
 
 
-@dataclass
-class Check:
-    name: str
-    status: str  # "pass" | "fail" | "skip"
-    detail: str
-    fix: str = ""
 
 
 def tokenizer_problems(model_dir: Path, vocab_size: int, bos_id: int | None = None) -> list[str]:
@@ -151,30 +147,42 @@ def _probe_prompt(config, family: DecoderFamily, bucket: int) -> list[int]:
     return head + list(range(4, 4 + min(11, bucket - len(head))))
 
 
-def _port_model_dir(directory: Path, config, family: DecoderFamily, tokens: int) -> Check:
+def _port_model_dir(directory: Path, config, family: DecoderFamily, tokens: int) -> list[Check]:
+    """The port's tokens against Hugging Face, then the self-checks tokens cannot replace."""
     from neuron_port.generation import generate
+    from neuron_port.layout import describe
     from neuron_port.models import load_model_dir
     from neuron_port.oracle import reference_generate
+    from neuron_port.ranks import RankSetup
     from neuron_port.shapes import PortShape
 
     model = load_model_dir(directory)
     prompt = _probe_prompt(config, family, 16)
+    shape = PortShape([16], 64)
     ref = reference_generate(model, prompt, tokens)
-    got = generate(model, [prompt], tokens, shape=PortShape([16], 64)).tokens[0]
-    return _port_verdict(got, ref)
+    got = generate(model, [prompt], tokens, shape=shape, keep_logits=True)
+    logits, _ = check_step_logits(model, prompt, got.tokens[0], got.step_logits)
+    attention = check_attention(model, RankSetup.for_layout(describe(model), 1), shape)
+    return [_port_verdict(got.tokens[0], ref), check_embeddings(model), attention, logits]
 
 
-def _port_artifact(directory: Path, config, family: DecoderFamily, tokens: int) -> Check:
+def _port_artifact(directory: Path, config, family: DecoderFamily, tokens: int) -> list[Check]:
+    """The artifact's tokens, host embeddings and step logits against the checkpoint it was built from."""
     from neuron_port.artifact import read_manifest
     from neuron_port.artifact_reader import reference_model
+    from neuron_port.embedding import load_host_embeddings
     from neuron_port.generation import generate
     from neuron_port.oracle import reference_generate
 
     manifest = read_manifest(directory)  # the artifact check, which runs first, verified it
     prompt = _probe_prompt(config, family, max(manifest["buckets"]))
-    got = generate(directory, [prompt], tokens, manifest=manifest).tokens[0]
-    ref = reference_generate(reference_model(manifest), prompt, tokens)
-    return _port_verdict(got, ref)
+    got = generate(directory, [prompt], tokens, manifest=manifest, keep_logits=True)
+    reference = reference_model(manifest)
+    ref = reference_generate(reference, prompt, tokens)
+    logits, _ = check_step_logits(reference, prompt, got.tokens[0], got.step_logits)
+    return [_port_verdict(got.tokens[0], ref), check_embeddings(reference, load_host_embeddings(directory, config)),
+            Check("attention", "skip", "compiled graphs run no Python: the attention check runs on a model directory"),
+            logits]
 
 
 def _port_verdict(got: list[int], ref: dict) -> Check:
@@ -215,7 +223,7 @@ def run_doctor(directory: str | Path, tokens: int = 8) -> list[Check]:
     if any(c.status == "fail" for c in checks):
         checks.append(Check("port", "skip", "an earlier check failed; fix it first (it is cheaper)"))
     else:
-        checks.append((_port_artifact if is_artifact else _port_model_dir)(directory, config, family, tokens))
+        checks += (_port_artifact if is_artifact else _port_model_dir)(directory, config, family, tokens)
     return checks
 
 

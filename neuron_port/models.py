@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from neuron_port.buffers import restore_buffers
 from neuron_port.configs import config_to_dict, load_config
+from neuron_port.errors import ConfigError
 from neuron_port.families import family_for, family_of
 
 
@@ -47,7 +48,8 @@ def model_from_name(name: str, tiny: bool = False, seed: int = 0, dtype: torch.d
     path = Path(name)
     if path.is_dir() and any(path.glob("*.safetensors")):
         if tiny:
-            raise ValueError(f"--tiny applies to shipped configs, not to the model directory {name}")
+            raise ConfigError(f"--tiny applies to shipped configs and config.json files, not to the model directory "
+                              f"{name} (its weights are real: drop --tiny, or give its config.json)")
         return load_model_dir(path, dtype=dtype)
     return build_model(load_config(name, tiny=tiny), seed=seed, dtype=dtype)
 

@@ -29,10 +29,10 @@ def run_cli(*args: str) -> CliResult:
     return CliResult(code, out.getvalue(), err.getvalue())
 
 
-def run_cli_process(*args: str, timeout: float = 600) -> CliResult:
-    """Run ``neuron-port ARGS`` as a fresh process."""
+def run_cli_process(*args: str, timeout: float = 600, env: dict[str, str] | None = None) -> CliResult:
+    """Run ``neuron-port ARGS`` as a fresh process (``env``: its whole environment; default ours)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "neuron_port", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "neuron_port", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
 
@@ -40,7 +40,7 @@ def run_cli_process(*args: str, timeout: float = 600) -> CliResult:
 class ServerProcess:
     """``neuron-port serve ARGS`` on a free 127.0.0.1 port, started and stopped by the test."""
 
-    def __init__(self, *args: str, timeout: float = 120):
+    def __init__(self, *args: str, timeout: float = 120, env: dict[str, str] | None = None):
         import socket
         import time
         import urllib.request
@@ -51,7 +51,7 @@ class ServerProcess:
         self.base = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "neuron_port", "serve", *args, "--port", str(self.port)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         )
         deadline = time.time() + timeout
         while time.time() < deadline:

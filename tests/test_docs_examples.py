@@ -53,3 +53,36 @@ def test_recipes_use_only_the_public_api_and_stay_short():
         assert len(text.splitlines()) < 200, recipe.name
         assert not re.search(r"from neuron_port[.\w]* import [^\n]*\b_\w", text), f"{recipe.name} imports a private name"
         assert not re.search(r"\.\_[a-z]\w*\(", text), f"{recipe.name} calls a private helper"
+
+
+def _names_the_docs_use() -> dict[str, set[str]]:
+    """Module -> names imported from it in the docs, the README and the recipes (modules named in
+    backticks count with no names)."""
+    texts = [p.read_text() for p in [*DOCS, ROOT / "README.md", *sorted((ROOT / "examples").glob("*.py"))]]
+    used: dict[str, set[str]] = {}
+    for text in texts:
+        for module, grouped, line in re.findall(r"from (neuron_port(?:\.\w+)*) import (?:\(([^)]*)\)|([^\n]*))", text):
+            names = re.split(r"[,\s]+", (grouped or line).split("#")[0].strip())
+            used.setdefault(module, set()).update(n for n in names if n and n != "as")
+        for module in re.findall(r"`(neuron_port(?:\.\w+)+)", text):
+            used.setdefault(module, set())
+    return used
+
+
+def test_api_reference_lists_every_module_and_name_the_docs_use():
+    import importlib
+
+    listed = set(re.findall(r"^::: (\S+)", (ROOT / "docs" / "api.md").read_text(), flags=re.M))
+    problems = []
+    for module, names in sorted(_names_the_docs_use().items()):
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:  # `neuron_port.module.attribute`
+            module, _, attribute = module.rpartition(".")
+            mod, names = importlib.import_module(module), names | {attribute}
+        if module not in listed:
+            problems.append(f"{module} is not in docs/api.md")
+            continue
+        public = set(getattr(mod, "__all__", ()))
+        problems += [f"{module}.{name} is not in its __all__" for name in sorted(names) if name not in public]
+    assert not problems, problems

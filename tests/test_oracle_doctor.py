@@ -54,8 +54,10 @@ def _doctor(directory):
 def test_good_directory_passes_every_check(good_dir):
     code, d = _doctor(good_dir)
     assert code == 0 and d["ok"] and d["first_failure"] is None
-    assert [c["name"] for c in d["checks"]] == ["files", "tokenizer", "weights", "buffers", "artifact", "port"]
+    assert [c["name"] for c in d["checks"]] == ["files", "tokenizer", "weights", "buffers", "artifact", "port",
+                                                "embeddings", "attention", "logits"]
     assert {c["status"] for c in d["checks"]} == {"pass", "skip"}
+    assert all(c["status"] == "pass" for c in d["checks"][-4:])
     text = run_cli("doctor", str(good_dir)).stdout
     assert text.startswith("OK") and "[pass] port" in text
 
@@ -153,6 +155,8 @@ def test_doctor_on_a_verified_artifact(tmp_path):
     code, d = _doctor(out)
     assert code == 0, d
     assert [c["status"] for c in d["checks"] if c["name"] == "artifact"] == ["pass"]
+    assert {c["name"]: c["status"] for c in d["checks"]}.items() >= {"embeddings": "pass", "logits": "pass",
+                                                                    "attention": "skip"}.items()
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["tp"] = 2
     (out / "manifest.json").write_text(json.dumps(manifest))

@@ -2,6 +2,9 @@
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +19,9 @@ from neuron_port.parallel import CHILD_ENV, run_gloo, run_in_process
 from neuron_port.oracle import reference_generate
 from neuron_port.run import GenerationJob, generate_with_port
 from tests.helpers import run_cli
+
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _prompt(vocab, n=24, seed=1000):
@@ -69,15 +75,42 @@ def _sum_ranks(rank, reduce):
     return reduce(torch.tensor([float(rank + 1)])).tolist()
 
 
+def _raising_line() -> int:
+    import inspect
+
+    source, start = inspect.getsourcelines(_die_on_rank_one)
+    return start + next(i for i, line in enumerate(source) if "raise" in line)
+
+
 def test_gloo_all_reduce_and_rank_failure():
+    """The failing rank is named with the file, line and function that raised, and its whole traceback."""
     assert run_gloo(_sum_ranks, 2) == [[3.0], [3.0]]
-    with pytest.raises(ParallelRankError, match="rank 1 of 2"):
+    with pytest.raises(ParallelRankError) as caught:
         run_gloo(_die_on_rank_one, 2)
+    where = f"rank 1 of 2 failed at {__file__}:{_raising_line()} in _die_on_rank_one: "
+    assert str(caught.value).startswith(where), str(caught.value)
+    assert caught.value.rank == 1 and "Traceback" in caught.value.rank_traceback
 
 
 def test_threaded_rank_failure_is_reported():
-    with pytest.raises(ParallelRankError, match="rank 1 of 2"):
+    with pytest.raises(ParallelRankError) as caught:
         run_in_process(_die_on_rank_one, 2)
+    assert str(caught.value).startswith(f"rank 1 of 2 failed at {__file__}:{_raising_line()} in _die_on_rank_one: ")
+
+
+def test_a_script_without_a_main_guard_is_told_what_to_add(tmp_path):
+    """Each gloo rank imports the main script again: an unguarded launch must say so, in one message."""
+    script = tmp_path / "unguarded.py"
+    script.write_text("from neuron_port.parallel import run_gloo\n"
+                      "from tests.test_tp_execution import _sum_ranks\n"
+                      "print(run_gloo(_sum_ranks, 2))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=tmp_path)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()
+    assert f"ParallelRankError: the script {script} starts tensor-parallel ranks when it is imported" in proc.stderr
+    assert last[-2:] == ['    if __name__ == "__main__":', "        main()"]
 
 
 def test_no_respawn_inside_a_worker(monkeypatch):

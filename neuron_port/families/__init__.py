@@ -42,18 +42,18 @@ def _load_plugins() -> None:
     _plugins_loaded = True
     claimed: dict[str, AdapterSource] = {}
     for family, source in discover():
+        taken = sorted(t for t in family.model_types if t in claimed)
+        if taken:
+            warnings.warn(f"the plugin adapter {source.adapter_class} of {source.requirement()} is ignored for model "
+                          f"types {taken}: another plugin claims them", RuntimeWarning, stacklevel=3)
+        replaced = sorted({class_path(_BY_TYPE[t]) for t in family.model_types if t in _BY_TYPE and t not in claimed})
+        if replaced:
+            warnings.warn(f"the plugin adapter {source.adapter_class} of {source.requirement()} replaces the shipped "
+                          f"adapter {', '.join(replaced)}", RuntimeWarning, stacklevel=3)
         for model_type in family.model_types:
-            if model_type in claimed:
-                warnings.warn(f"model type {model_type!r}: plugin {source.entry_point!r} of {source.distribution} is "
-                              f"ignored, {claimed[model_type].distribution}'s adapter already claims it", RuntimeWarning)
-                continue
-            current = _BY_TYPE.get(model_type)
-            if current is not None:
-                warnings.warn(f"model type {model_type!r}: the plugin adapter {source.adapter_class} from "
-                              f"{source.requirement()} replaces the shipped adapter {class_path(current)}",
-                              RuntimeWarning)
-            claimed[model_type] = source
-            _BY_TYPE[model_type] = family
+            if model_type not in claimed:
+                claimed[model_type] = source
+                _BY_TYPE[model_type] = family
         _SOURCES[id(family)] = source
 
 

@@ -26,9 +26,12 @@ class Gemma3Family(DecoderFamily):
     chat_stop_tokens = GEMMA_CHAT_STOP_TOKENS
 
     def tiny_config_dict(self, text: dict[str, Any]) -> dict[str, Any]:
-        """The common tiny shape, six layers of the 5:1 pattern, a window of 8, queries scaled by the tiny head size."""
+        """The common tiny shape, six layers of the 5:1 pattern, a window of 8, queries scaled by the tiny head size.
+
+        The LM head is untied: with random tables tied to a sqrt(hidden)-scaled embedding, greedy
+        decoding picks the same largest-norm row at every step and tokens could show nothing."""
         return {**super().tiny_config_dict(text), "sliding_window": 8, "sliding_window_pattern": 6,
-                "query_pre_attn_scalar": TINY_HEAD_DIM}
+                "query_pre_attn_scalar": TINY_HEAD_DIM, "tie_word_embeddings": False}
 
     def softcap(self, config: Any) -> float | None:
         value = getattr(config, "final_logit_softcapping", None)
