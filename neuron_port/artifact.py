@@ -170,26 +170,40 @@ def _check_versions(manifest: dict[str, Any], allow_mismatch: bool) -> None:
             )
 
 
-def _check_adapter(manifest: dict[str, Any]) -> None:
+def _adapter_fix(recorded: dict[str, Any], found) -> str:
+    """What to do when this environment resolves another adapter than the artifact's."""
+    if recorded["distribution"] == "(registered in process)":
+        module = recorded["adapter_class"].split(":")[0]
+        return f"import {module} and register its adapter before loading (or ship it as a plugin)"
+    if recorded["distribution"] == "neuron-port" and found is not None:
+        return (f"the plugin {found.requirement()} replaces the shipped adapter here: uninstall it "
+                f"(pip uninstall {found.distribution}) or rebuild the artifact with it")
+    wanted = f"{recorded['distribution']}=={recorded['version']}" if recorded.get("version") else recorded["distribution"]
+    return f"install that plugin (pip install {wanted})"
+
+
+def _check_adapter(manifest: dict[str, Any], allow_mismatch: bool) -> None:
     """The adapter that built the artifact must be the one this environment resolves (a plugin
-    artifact needs its plugin installed)."""
+    artifact needs its plugin installed, at the version it was built with)."""
     recorded = manifest.get("adapter")
     if not recorded:
         return  # written before adapters were recorded
-    wanted = f"{recorded['distribution']}=={recorded['version']}" if recorded.get("version") else recorded["distribution"]
+    built_by = f"{recorded['adapter_class']} of {recorded['distribution']} {recorded.get('version') or ''}".rstrip()
     try:
         found = adapter_source(family_for(manifest["model_type"]))
     except UnsupportedArchitectureError:
-        raise ArtifactError(
-            f"field adapter: the artifact was built by the adapter {recorded['adapter_class']} of {wanted} for model type "
-            f"{manifest['model_type']!r}, which is not installed here; install that plugin (pip install {wanted})"
-        ) from None
+        raise ArtifactError(f"field adapter: the artifact was built by the adapter {built_by} for model type "
+                            f"{manifest['model_type']!r}, which is not installed here; "
+                            f"{_adapter_fix(recorded, None)}") from None
     if found.adapter_class != recorded["adapter_class"] or found.distribution != recorded["distribution"]:
-        raise ArtifactError(
-            f"field adapter: the artifact was built by {recorded['adapter_class']} of {wanted}, this environment "
-            f"resolves model type {manifest['model_type']!r} to {found.adapter_class} of {found.requirement()}; "
-            f"install {wanted} (or rebuild the artifact with the adapter you have)"
-        )
+        raise ArtifactError(f"field adapter: the artifact was built by {built_by}, this environment resolves model "
+                            f"type {manifest['model_type']!r} to {found.adapter_class} of {found.requirement()}; "
+                            f"{_adapter_fix(recorded, found)}")
+    if found.version != recorded.get("version") and not allow_mismatch and found.distribution != "neuron-port":
+        raise ArtifactError(f"field adapter: the artifact was built by {built_by}, this environment has "
+                            f"{found.requirement()}; an adapter of another version can shard or feed the graphs "
+                            "differently. Install the version it was built with, rebuild the artifact, or pass "
+                            "--allow-version-mismatch")
 
 
 def verify(directory: str | Path, allow_version_mismatch: bool = False) -> dict[str, Any]:
@@ -198,7 +212,7 @@ def verify(directory: str | Path, allow_version_mismatch: bool = False) -> dict[
     manifest = read_manifest(directory)
     _check_digests(manifest)
     _check_versions(manifest, allow_version_mismatch)
-    _check_adapter(manifest)
+    _check_adapter(manifest, allow_version_mismatch)
     present = {str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST}
     for rel, digest in sorted(manifest["files"].items()):
         path = directory / rel

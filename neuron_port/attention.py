@@ -14,6 +14,7 @@ attribute of a particular family, so every family's attention modules can call i
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -25,6 +26,7 @@ KV_EXPAND = "neuron_port_kv_expand"
 """Keyword argument carrying ``{attention module: [local_q, local_kv] one-hot}`` for straddling ranks."""
 
 _RECORDINGS: list[set[int]] = []
+_RECORDINGS_LOCK = threading.Lock()
 
 
 @contextmanager
@@ -33,11 +35,13 @@ def recording() -> Iterator[set[int]]:
     while the block runs (eagerly; a traced graph runs no Python). The self-check's sentinel: it
     shows which layers really run this function, whatever their configs say."""
     seen: set[int] = set()
-    _RECORDINGS.append(seen)
+    with _RECORDINGS_LOCK:
+        _RECORDINGS.append(seen)
     try:
         yield seen
     finally:
-        _RECORDINGS.remove(seen)
+        with _RECORDINGS_LOCK:
+            _RECORDINGS.remove(seen)
 
 
 def expand_kv(states: torch.Tensor, expand: torch.Tensor) -> torch.Tensor:
@@ -61,8 +65,10 @@ def static_attention(
 
     Returns ([b, q_len, q_heads, d], attention weights).
     """
-    for seen in _RECORDINGS:
-        seen.add(id(module))
+    if _RECORDINGS:
+        with _RECORDINGS_LOCK:
+            for seen in _RECORDINGS:
+                seen.add(id(module))
     if attention_mask is None:
         # The static graphs always hand over host-built masks. None means the text model
         # dropped them (a family adapter gave the mask in a form its model ignores), and

@@ -21,7 +21,7 @@ import torch
 
 from neuron_port.errors import NeuronPortError
 from neuron_port.families import DecoderFamily, family_for
-from neuron_port.selfcheck import Check, check_attention, check_embeddings, check_step_logits
+from neuron_port.selfcheck import Check, check_attention, check_embeddings, check_step_logits, logit_tolerance_for
 
 SAMPLE_TEXTS = ("hello world", "the capital of france is paris", "water and fire")
 UNK_FLOOD = 0.2
@@ -179,7 +179,8 @@ def _port_artifact(directory: Path, config, family: DecoderFamily, tokens: int) 
     got = generate(directory, [prompt], tokens, manifest=manifest, keep_logits=True)
     reference = reference_model(manifest)
     ref = reference_generate(reference, prompt, tokens)
-    logits, _ = check_step_logits(reference, prompt, got.tokens[0], got.step_logits)
+    tolerance = logit_tolerance_for(manifest["backend"], manifest.get("dtype", "torch.float32"))
+    logits, _ = check_step_logits(reference, prompt, got.tokens[0], got.step_logits, tolerance)
     return [_port_verdict(got.tokens[0], ref), check_embeddings(reference, load_host_embeddings(directory, config)),
             Check("attention", "skip", "compiled graphs run no Python: the attention check runs on a model directory"),
             logits]

@@ -82,12 +82,17 @@ def _run_port(port: Port, job: _Job) -> dict[str, Any]:
     return out
 
 
+def _rank_job(job: _Job, rank: Rank) -> _Job:
+    """Only rank 0's logits are returned: the other ranks keep none (they would travel as JSON)."""
+    return job if rank.rank == 0 else dataclasses.replace(job, keep_logits=False)
+
+
 def _model_rank(shape: PortShape, job: _Job, rank: Rank) -> dict[str, Any]:
-    return _run_port(Port.for_rank(rank, shape), job)
+    return _run_port(Port.for_rank(rank, shape), _rank_job(job, rank))
 
 
 def _artifact_rank(directory: str, manifest: dict[str, Any], job: _Job, rank: Rank) -> dict[str, Any]:
-    return _run_port(load_rank_port(directory, manifest, rank), job)
+    return _run_port(load_rank_port(directory, manifest, rank), _rank_job(job, rank))
 
 
 def _merge(results: list[dict[str, Any]]) -> GenerationResult:

@@ -172,13 +172,18 @@ def check_model(layout: Layout, model: nn.Module) -> list[str]:
 
 
 def describe(config_or_model: Any) -> Layout:
-    """The layout of a text config, or of a model instance (with a module check)."""
-    if isinstance(config_or_model, nn.Module):
-        config = family_of(config_or_model).text_config_of(config_or_model)
-        layout = _layout_from_config(config)
-        problems = check_model(layout, config_or_model)
-        return Layout(**{**layout.__dict__, "disagreements": tuple(problems)})
-    return _layout_from_config(config_or_model)
+    """The layout of a text config, or of a model instance (with a module check).
+
+    An adapter hook that misses the config or the modules raises an AdapterError naming it."""
+    family = family_of(config_or_model) if isinstance(config_or_model, nn.Module) else family_for(config_or_model.model_type)
+    try:
+        if isinstance(config_or_model, nn.Module):
+            layout = _layout_from_config(family.text_config_of(config_or_model))
+            problems = check_model(layout, config_or_model)
+            return Layout(**{**layout.__dict__, "disagreements": tuple(problems)})
+        return _layout_from_config(config_or_model)
+    except (AttributeError, KeyError, TypeError, IndexError) as exc:
+        raise family.hook_error(exc) from exc
 
 
 def format_table(layout: Layout) -> str:

@@ -35,6 +35,8 @@ CHILD_ENV = "NEURON_PORT_TP_CHILD"
 SPAWN_DIR_ENV = "NEURON_PORT_TP_SPAWN_DIR"
 """Set while ranks are spawned: where a rank that finds an unguarded ``__main__`` leaves word."""
 UNGUARDED_MAIN = "unguarded_main"
+_FRAME = re.compile(r'\s*File "([^"]+)", line (\d+), in (\S+)')
+_SPAWN_LOCK = threading.Lock()  # the spawn folder travels in os.environ, which threads share
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 RankFn = Callable[[int, Reduce], Any]
 
@@ -50,12 +52,18 @@ def is_tp_child() -> bool:
 
 def rank_failure_message(rank: int, tp: int, trace: str) -> str:
     """``rank R of TP failed at FILE:LINE in FUNCTION: Exception: message`` from a formatted traceback
-    (the innermost frame: where the exception was raised)."""
-    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', trace)
-    lines = [line for line in trace.strip().splitlines() if line and not line.startswith(" ")]
-    last = lines[-1] if lines else "(no exception text)"
-    where = f" at {frames[-1][0]}:{frames[-1][1]} in {frames[-1][2]}" if frames else ""
-    return f"rank {rank} of {tp} failed{where}: {last}"
+    (the innermost frame: where the exception was raised; the whole exception text after it)."""
+    lines = trace.rstrip().splitlines()
+    frames = [i for i, line in enumerate(lines) if _FRAME.match(line)]
+    if not frames:
+        return f"rank {rank} of {tp} failed: {lines[-1] if lines else '(no exception text)'}"
+    last = frames[-1]
+    path, line, function = _FRAME.match(lines[last]).groups()
+    rest = lines[last + 1:]
+    while rest and rest[0].startswith("    "):  # the frame's source line and its ^^^ markers
+        rest = rest[1:]
+    text = " ".join(part.strip() for part in rest if part.strip()) or "(no exception text)"
+    return f"rank {rank} of {tp} failed at {path}:{line} in {function}: {text}"
 
 
 def _rank_error(rank: int, tp: int, trace: str) -> ParallelRankError:
@@ -138,6 +146,7 @@ def _gloo_entry(rank: int, tp: int, init: str, fn: RankFn, out_dir: str, threads
     import torch.distributed as dist
 
     os.environ[CHILD_ENV] = "1"
+    os.environ.pop(SPAWN_DIR_ENV, None)
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=tp)
     try:
@@ -179,7 +188,7 @@ def run_gloo(fn: RankFn, tp: int, timeout_s: float = 600.0, threads_per_rank: in
                         proc.kill()
                     raise ParallelRankError(f"tensor-parallel group of {tp} did not finish within {timeout_s:.0f} s")
         except mp.ProcessRaisedException as exc:
-            raise _rank_failure(out_dir, tp, str(exc)) from None
+            raise _rank_failure(out_dir, tp, str(exc), exc.error_index) from None
         except mp.ProcessExitedException as exc:
             unguarded = Path(out_dir) / UNGUARDED_MAIN
             if unguarded.exists():
@@ -195,16 +204,18 @@ def run_gloo(fn: RankFn, tp: int, timeout_s: float = 600.0, threads_per_rank: in
 
 
 def _spawn(mp, args: tuple, tp: int, out_dir: str):
-    """Start the rank processes; they inherit ``SPAWN_DIR_ENV`` (only while they start)."""
-    previous = os.environ.get(SPAWN_DIR_ENV)
-    os.environ[SPAWN_DIR_ENV] = out_dir
-    try:
-        return mp.start_processes(_gloo_entry, args=args, nprocs=tp, join=False, start_method="spawn")
-    finally:
-        if previous is None:
-            os.environ.pop(SPAWN_DIR_ENV, None)
-        else:
-            os.environ[SPAWN_DIR_ENV] = previous
+    """Start the rank processes with ``SPAWN_DIR_ENV`` in their environment (this process's is
+    restored at once; each rank drops it once started)."""
+    with _SPAWN_LOCK:
+        previous = os.environ.get(SPAWN_DIR_ENV)
+        os.environ[SPAWN_DIR_ENV] = out_dir
+        try:
+            return mp.start_processes(_gloo_entry, args=args, nprocs=tp, join=False, start_method="spawn")
+        finally:
+            if previous is None:
+                os.environ.pop(SPAWN_DIR_ENV, None)
+            else:
+                os.environ[SPAWN_DIR_ENV] = previous
 
 
 def _unguarded_message(script: str) -> str:
@@ -227,8 +238,11 @@ def _refuse_unguarded_main() -> None:
     raise ParallelRankError(_unguarded_message(script))
 
 
-def _rank_failure(out_dir: str, tp: int, fallback: str) -> ParallelRankError:
-    for rank in range(tp):
+def _rank_failure(out_dir: str, tp: int, fallback: str, first: int | None = None) -> ParallelRankError:
+    """The error of rank ``first`` (the one multiprocessing saw fail), else of the lowest failed rank:
+    a peer's secondary error (its group closed under it) must not hide the real one."""
+    order = ([first] if first is not None else []) + [r for r in range(tp) if r != first]
+    for rank in order:
         err = Path(out_dir) / f"rank{rank}.error"
         if err.exists():
             return _rank_error(rank, tp, err.read_text())

@@ -124,6 +124,18 @@ def test_a_plugin_replaces_a_shipped_adapter_with_a_warning(mistakes):
     assert res.returncode == 0
     assert ("gemma_mistakes:Gemma3WithoutEmbeddingScale of gemma-mistakes==0.1.0 replaces the shipped adapter "
             "neuron_port.families.gemma3:Gemma3Family") in res.stderr
+    # the package's third entry point names nothing: a warning naming it, and everything else works
+    assert "plugin 'missing_adapter' (gemma_mistakes:NoSuchAdapter) from gemma-mistakes" in res.stderr
+    assert "could not be loaded" in res.stderr
+
+
+def test_a_shipped_artifact_under_a_replacing_plugin_says_to_uninstall_it(mistakes, tmp_path):
+    art = tmp_path / "art"
+    res = run_cli_process("compile", "gemma-3", "--tiny", "--buckets", "16", "--kv-lens", "32", "--out", str(art))
+    assert res.returncode == 0, res.stderr
+    refused = run_cli_process("generate", str(art), "--json", env=mistakes)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "field adapter" in refused.stderr and "pip uninstall gemma-mistakes" in refused.stderr
 
 
 def test_forgotten_embedding_scale_fails_the_check_naming_the_embedding(mistakes):

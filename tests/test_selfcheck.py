@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 from neuron_port import describe, load_config
 from neuron_port.embedding import HostEmbeddings
+from neuron_port.generation import generate
+from neuron_port.oracle import reference_generate
 from neuron_port.families import DecoderFamily, Phi3Family
 from neuron_port.models import build_model
 from neuron_port.ranks import RankSetup
@@ -83,6 +85,22 @@ def test_a_config_copy_is_caught_where_tokens_match_by_luck(monkeypatch):
     check = check_attention(model, RankSetup.for_layout(describe(model), 2), SHAPE)
     assert check.status == "fail" and "rank 1: layers [0, 1, 2, 3]" in check.detail
     assert "stopped" not in check.detail
+    prompt = [2] + list(range(7, 30))
+    got = generate(model, [prompt], 12, shape=PortShape(32, 64), tp=2, mode="threads")
+    assert got.tokens[0] == reference_generate(model, prompt, 12)["tokens"]  # what tokens alone would say
+
+
+def test_a_run_that_stops_names_the_layers_it_never_reached(monkeypatch):
+    """A mask in a form the text model ignores: the library's attention refuses at layer 0, and the
+    layers after it are reported as not reached, not as running another function."""
+    from neuron_port.families import MistralFamily
+
+    monkeypatch.setattr(MistralFamily, "attention_mask_argument", lambda self, masks: None)
+    model = build_model(load_config("mistral", tiny=True), seed=0)
+    check = check_attention(model, RankSetup.for_layout(describe(model), 1), SHAPE)
+    assert check.status == "fail"
+    assert check.detail.startswith("the graphs failed before rank 0: layers [1, 2, 3] ran: ValueError")
+    assert "got no mask" in check.detail and "another attention function" not in check.detail
 
 
 def test_a_forgotten_softcap_is_a_logit_failure_with_the_same_argmax():
@@ -108,3 +126,20 @@ def test_logit_tolerance_is_relative_to_the_largest_logit(scale, step, sign):
     big[step][3] += sign * (1.5 + scale) * LOGIT_TOLERANCE * largest
     check, report = check_logits(big, reference, None)
     assert check.status == "fail" and report["worst_step"] == step and f"step {step}" in check.detail
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_logits_fail_and_the_report_stays_json(bad):
+    import json
+
+    reference = [torch.linspace(-7.0, 11.0, 64) for _ in range(3)]
+    ours = [r.clone() for r in reference]
+    ours[1][5] = bad
+    check, report = check_logits(ours, reference, 30.0)
+    assert check.status == "fail" and "NaN or infinite" in check.detail and report["non_finite_steps"] == [1]
+    json.loads(json.dumps(report, allow_nan=False))
+    embeddings = HostEmbeddings.from_model(build_model(load_config("llama", tiny=True), seed=0))
+    model = build_model(load_config("llama", tiny=True), seed=0)
+    embeddings.word = embeddings.word.clone()
+    embeddings.word[0, 0] = bad
+    assert check_embeddings(model, embeddings).status == "fail"

@@ -73,6 +73,9 @@ def parallelize_for_nxd(model: nn.Module, setup: RankSetup, dtype: torch.dtype =
 
     layout, plan, tp = setup.layout, setup.plan, setup.tp
     family = layout.family
+    if family.fused_projections:
+        raise ShardingError(f"the {family.name} adapter fuses its projections; the nxd backend swaps one "
+                            "parallel layer per role and supports unfused families only")
     h = layout.hidden_size
     for spec, layer in zip(layout.layers, family.decoder_layers(model)):
         heads = plan.layers[spec.index].plan

@@ -69,16 +69,17 @@ def _cmd_port(args: argparse.Namespace) -> int:
         out["rows"] = [{"prompt_tokens": len(p), "tokens": t} for p, t in zip(prompts, result.tokens)]
     if args.check:
         _check_rows(out, model, prompts, result.tokens, args.max_new_tokens, stop_ids)
-        _self_checks(out, model, setup, shape, prompts[0], result)
+        _self_checks(out, model, setup, shape, prompts[0], result, args.logit_tolerance)
     return emit_generation(out, args)
 
 
-def _self_checks(out: dict[str, Any], model, setup, shape, prompt: list[int], result) -> None:
+def _self_checks(out: dict[str, Any], model, setup, shape, prompt: list[int], result, tolerance: float | None) -> None:
     """What greedy tokens cannot see: host embeddings, the attention function inside the graphs,
     and every step's logits after the softcap (row 0)."""
-    from neuron_port.selfcheck import as_json, check_attention, check_embeddings, check_step_logits
+    from neuron_port.selfcheck import LOGIT_TOLERANCE, as_json, check_attention, check_embeddings, check_step_logits
 
-    logits, report = check_step_logits(model, prompt, result.tokens[0], result.step_logits)
+    tolerance = LOGIT_TOLERANCE if tolerance is None else tolerance
+    logits, report = check_step_logits(model, prompt, result.tokens[0], result.step_logits, tolerance)
     checks = [check_embeddings(model), check_attention(model, setup, shape), logits]
     out["self_checks"] = as_json(checks)
     out["logit_check"] = report
@@ -120,7 +121,11 @@ def add(sub) -> None:
                      help="stop at the end-of-sequence token (default for real weights)")
     eos.add_argument("--ignore-eos", dest="stop_at_eos", action="store_false",
                      help="never stop at end-of-sequence (default for random weights)")
-    p.add_argument("--check", action="store_true", help="compare with Hugging Face generate (greedy) on CPU")
+    p.add_argument("--check", action="store_true", help="compare with Hugging Face generate (greedy) on CPU and run "
+                   "the self-checks (host embeddings, attention function, every step's logits)")
+    p.add_argument("--logit-tolerance", type=float, default=None,
+                   help="--check: largest step logit error allowed, relative to the largest reference logit "
+                        "(default: neuron_port.selfcheck.LOGIT_TOLERANCE, 1e-3)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_port)
 

@@ -14,6 +14,7 @@ built a model (artifacts record it).
 
 from __future__ import annotations
 
+import threading
 import warnings
 from typing import Any
 
@@ -30,31 +31,48 @@ from neuron_port.families.qwen3 import QWEN3, Qwen3Family
 
 FAMILIES: tuple[DecoderFamily, ...] = (GEMMA4, LLAMA, QWEN3, MISTRAL, QWEN2, GEMMA3, PHI3)
 _BY_TYPE = {model_type: family for family in FAMILIES for model_type in family.model_types}
+_SHIPPED = {id(family) for family in FAMILIES}
 _SOURCES: dict[int, AdapterSource] = {id(family): shipped_source(family) for family in FAMILIES}
-_plugins_loaded = False
+_PLUGINS: list[DecoderFamily] = []  # every plugin adapter loaded, kept alive (sources are keyed by id)
+_plugins_state = "unread"  # -> "reading" -> "read"
+_plugins_lock = threading.RLock()
 
 
 def _load_plugins() -> None:
-    """Install the entry-point adapters once (first come by distribution name; later claims warn)."""
-    global _plugins_loaded
-    if _plugins_loaded:
+    """Install the entry-point adapters once per process (first come by distribution name; later
+    claims warn). Other threads wait while one reads them; a plugin module that looks an adapter
+    up while it is imported (same thread) sees the table as it stands."""
+    global _plugins_state
+    if _plugins_state == "read":
         return
-    _plugins_loaded = True
+    with _plugins_lock:
+        if _plugins_state != "unread":
+            return
+        _plugins_state = "reading"
+        try:
+            _install_plugins()
+        finally:
+            _plugins_state = "read"
+
+
+def _install_plugins() -> None:
     claimed: dict[str, AdapterSource] = {}
     for family, source in discover():
+        _PLUGINS.append(family)
+        _SOURCES[id(family)] = source
         taken = sorted(t for t in family.model_types if t in claimed)
         if taken:
             warnings.warn(f"the plugin adapter {source.adapter_class} of {source.requirement()} is ignored for model "
-                          f"types {taken}: another plugin claims them", RuntimeWarning, stacklevel=3)
-        replaced = sorted({class_path(_BY_TYPE[t]) for t in family.model_types if t in _BY_TYPE and t not in claimed})
+                          f"types {taken}: another plugin claims them", RuntimeWarning, stacklevel=4)
+        replaced = sorted({class_path(_BY_TYPE[t]) for t in family.model_types
+                           if t not in claimed and id(_BY_TYPE.get(t)) in _SHIPPED})
         if replaced:
             warnings.warn(f"the plugin adapter {source.adapter_class} of {source.requirement()} replaces the shipped "
-                          f"adapter {', '.join(replaced)}", RuntimeWarning, stacklevel=3)
+                          f"adapter {', '.join(replaced)}", RuntimeWarning, stacklevel=4)
         for model_type in family.model_types:
             if model_type not in claimed:
                 claimed[model_type] = source
                 _BY_TYPE[model_type] = family
-        _SOURCES[id(family)] = source
 
 
 def supported_model_types() -> list[str]:

@@ -282,6 +282,23 @@ class DecoderFamily:
                                        f"role to the module (or a RoleView of a fused one) of that layer")
         return attn_proj, mlp_proj
 
+    def hook_error(self, exc: BaseException) -> AdapterError:
+        """An :class:`AdapterError` naming the adapter hook (the innermost frame that is a method of
+        this adapter) where ``exc``, an ``AttributeError`` or the like, was raised."""
+        import traceback
+
+        frames = traceback.extract_tb(exc.__traceback__)
+        hook = next((f.name for f in reversed(frames)
+                     if not f.name.startswith("__") and callable(getattr(type(self), f.name, None))), None)
+        where = f"{hook}() hook" if hook else "hooks"
+        return AdapterError(f"the {self.name} adapter's {where} failed on this model: {type(exc).__name__}: {exc}; "
+                            f"override {hook or 'the hook'} for it")
+
+    def attention_implementation(self, attn: nn.Module) -> str | None:
+        """The attention implementation an attention module's config names (None: it holds no config).
+        A hint only: the self-check's sentinel says what really runs."""
+        return getattr(getattr(attn, "config", None), "_attn_implementation", None)
+
     def set_kv_groups(self, attn: nn.Module, groups: int) -> None:
         """How many query heads share each local KV head (Hugging Face's repeat count)."""
         attn.num_key_value_groups = groups

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from neuron_port.errors import AdapterError
 from neuron_port.families.decoder import DecoderFamily, RoleView
 from neuron_port.families.mistral import MistralFamily
 
@@ -71,6 +72,13 @@ class Phi3Family(DecoderFamily):
             role: RoleView(w[a:z], b[a:z] if b is not None else None) for role, (a, z) in spans.items()}
         views["o"] = attn.o_proj
         return views
+
+    def set_attention_projection(self, attn: nn.Module, role: str, module: nn.Module) -> None:
+        raise AdapterError("Phi-3's q, k and v share one fused module: install them together with "
+                           "set_attention_projections")
+
+    def set_mlp_projection(self, mlp: nn.Module, role: str, module: nn.Module) -> None:
+        raise AdapterError("Phi-3's gate and up share one fused module: install them together with set_mlp_projections")
 
     def set_attention_projections(self, attn: nn.Module, modules: dict[str, nn.Module]) -> None:
         """Re-fuse a rank's q, k, v into ``qkv_proj`` (q rows, then k, then v) and give the module

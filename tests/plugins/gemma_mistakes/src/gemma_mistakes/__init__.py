@@ -1,5 +1,6 @@
 """Two adapters a new user could write: each matches Hugging Face's greedy tokens or fails
-silently, and each must be caught by ``port --check``'s self-checks."""
+silently, and each must be caught by ``port --check``'s self-checks. The package also declares an
+entry point to a name it does not define (``NoSuchAdapter``): a broken plugin must be a warning."""
 
 from neuron_port.families import Gemma3Family, Gemma4Family
 
