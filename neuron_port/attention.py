@@ -21,6 +21,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from neuron_port.errors import MaskFormError
+
 NAME = "neuron_port_eager"
 KV_EXPAND = "neuron_port_kv_expand"
 """Keyword argument carrying ``{attention module: [local_q, local_kv] one-hot}`` for straddling ranks."""
@@ -73,8 +75,9 @@ def static_attention(
         # The static graphs always hand over host-built masks. None means the text model
         # dropped them (a family adapter gave the mask in a form its model ignores), and
         # attention would silently see every slot, padding and stale ring entries included.
-        raise ValueError("neuron_port_eager attention got no mask: the family adapter's attention_mask_argument "
-                         "passes the masks in a form this text model does not use")
+        raise MaskFormError("neuron_port_eager attention got no mask: the family adapter's attention_mask_argument "
+                            "passes the masks in a form this text model does not use (a model whose forward builds "
+                            "one causal mask, as Llama's, takes masks['full'] or masks['sliding'] itself)")
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     expand = (kwargs.get(KV_EXPAND) or {}).get(module)

@@ -21,7 +21,7 @@ import torch
 
 from neuron_port.errors import NeuronPortError
 from neuron_port.families import DecoderFamily, family_for
-from neuron_port.selfcheck import Check, check_attention, check_embeddings, check_step_logits, logit_tolerance_for
+from neuron_port.selfcheck import Check, check_attention, check_embeddings, check_step_logits
 
 SAMPLE_TEXTS = ("hello world", "the capital of france is paris", "water and fire")
 UNK_FLOOD = 0.2
@@ -170,20 +170,16 @@ def _port_artifact(directory: Path, config, family: DecoderFamily, tokens: int) 
     """The artifact's tokens, host embeddings and step logits against the checkpoint it was built from."""
     from neuron_port.artifact import read_manifest
     from neuron_port.artifact_reader import reference_model
-    from neuron_port.embedding import load_host_embeddings
-    from neuron_port.generation import generate
     from neuron_port.oracle import reference_generate
+    from neuron_port.validation import artifact_self_checks, run_artifact
 
     manifest = read_manifest(directory)  # the artifact check, which runs first, verified it
     prompt = _probe_prompt(config, family, max(manifest["buckets"]))
-    got = generate(directory, [prompt], tokens, manifest=manifest, keep_logits=True)
     reference = reference_model(manifest)
-    ref = reference_generate(reference, prompt, tokens)
-    tolerance = logit_tolerance_for(manifest["backend"], manifest.get("dtype", "torch.float32"))
-    logits, _ = check_step_logits(reference, prompt, got.tokens[0], got.step_logits, tolerance)
-    return [_port_verdict(got.tokens[0], ref), check_embeddings(reference, load_host_embeddings(directory, config)),
-            Check("attention", "skip", "compiled graphs run no Python: the attention check runs on a model directory"),
-            logits]
+    out = artifact_self_checks(directory, manifest, reference, prompt,
+                               run_artifact(directory, prompt, tokens, manifest=manifest, keep_logits=True))
+    verdict = _port_verdict(out["tokens"], reference_generate(reference, prompt, tokens))
+    return [verdict, *(Check(**check) for check in out["self_checks"])]
 
 
 def _port_verdict(got: list[int], ref: dict) -> Check:

@@ -37,3 +37,8 @@ class ParallelRankError(NeuronPortError, RuntimeError):
 
 class AdapterError(NeuronPortError, NotImplementedError):
     """A family adapter that lacks a hook the operation needs (the message names the hook)."""
+
+
+class MaskFormError(AdapterError, ValueError):
+    """The text model dropped the host-built masks: the adapter's ``attention_mask_argument`` gives
+    them in a form this model ignores (a mapping to a model that takes one tensor, or the reverse)."""

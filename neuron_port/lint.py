@@ -167,9 +167,11 @@ def lint_model(name: str, softcap_in_graph: bool = False, dtype_bytes: int = 2) 
     try:
         tiny_config = load_config(name, tiny=True)
     except AdapterError as exc:
+        traced: list[str] = []
         findings = [Finding("graphs-not-traced", "warning", f"{real.model_type}: no tiny variant", str(exc),
                             "give the adapter a tiny variant (tiny_heads, or tiny_config_dict) to lint its graphs")]
     else:
+        traced = ["prefill_16", "decode_32"]
         findings = _graph_findings(tiny_config, real, softcap_in_graph, dtype_bytes)
     windows = sorted({s.window for s in real.layers if s.window})
     for w in windows:
@@ -188,6 +190,7 @@ def lint_model(name: str, softcap_in_graph: bool = False, dtype_bytes: int = 2) 
         "softcap_in_graph": softcap_in_graph,
         "dtype_bytes": dtype_bytes,
         "sbuf_bytes_per_partition": SBUF_BYTES_PER_PARTITION,
+        "graphs_traced": traced,
         "findings": [asdict(f) for f in findings],
         "errors": sum(f.severity == "error" for f in findings),
     }

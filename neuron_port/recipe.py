@@ -51,6 +51,8 @@ def validate_and_report(artifact: str | Path, prompt_len: int, max_new_tokens: i
     result = check_in_fresh_process(artifact, prompt_len, max_new_tokens)
     print(f"[reload] a fresh process loaded {result['artifact']} (backend {result['backend']}, tp {result['tp']})")
     print(f"[check] {result['new_tokens']} tokens against Hugging Face generate, decode {result['decode_tok_per_s']} tok/s")
+    for check in result.get("self_checks", []):
+        print(f"[self-check] {check['name']}: {check['status']}, {check['detail']}")
     print(f"SEQ_MATCH {result['seq_match']}")
     return result
 
@@ -68,7 +70,7 @@ def validate_then_serve(artifact: str | Path, args: argparse.Namespace) -> int:
     result = validate_and_report(artifact, args.prompt_len, args.max_new_tokens)
     if args.serve:
         serve_artifact(artifact)
-    return 0 if result["seq_match"] else 1
+    return 0 if result["seq_match"] and result.get("self_checks_passed", True) else 1
 
 
 def check_on_xla(model: Any, setup: Any, shape: Any, args: argparse.Namespace) -> int:

@@ -185,8 +185,9 @@ def check_logits(port_logits: Sequence[torch.Tensor], reference_logits: Sequence
         return Check("logits", "fail",
                      f"step {worst}: logits differ from Hugging Face's by {float(per_step.max()):.3g} of the largest "
                      f"(tolerance {tolerance:g}) even where tokens may agree",
-                     "a missing or wrong final softcap (the adapter's softcap), scale, or norm; compare the "
-                     "adapter's config facts with the model's forward"), report
+                     "a missing or wrong final softcap (the adapter's softcap), a logit scale the model applies "
+                     "after its head (fold it into the adapter's lm_head_weight), or a norm; compare the adapter "
+                     "with the model's forward"), report
     return Check("logits", "pass", f"{steps} steps within {tolerance:g} of the largest logit "
                                    f"(worst {float(per_step.max()):.2g})"), report
 

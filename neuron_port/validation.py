@@ -36,11 +36,14 @@ def artifact_prompt(directory: str | Path, prompt_len: int, seed: int = 0) -> li
 
 
 def run_artifact(directory: str | Path, prompt: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int] = (),
-                 manifest: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Generate from the artifact alone; the result as ``neuron-port generate --json`` reports it."""
+                 manifest: dict[str, Any] | None = None, keep_logits: bool = False) -> dict[str, Any]:
+    """Generate from the artifact alone; the result as ``neuron-port generate --json`` reports it
+    (``keep_logits``: every step's raw logits under ``"step_logits"``, tensors, not JSON)."""
     manifest = manifest or verify(directory)
-    result: GenerationResult = generate(directory, [list(prompt)], max_new_tokens, stop_ids=stop_ids, manifest=manifest)
-    return {
+    result: GenerationResult = generate(directory, [list(prompt)], max_new_tokens, stop_ids=stop_ids, manifest=manifest,
+                                        keep_logits=keep_logits)
+    extra = {"step_logits": result.step_logits} if keep_logits else {}
+    return {**extra,
         "artifact": str(Path(directory).resolve()),
         "backend": manifest["backend"],
         "tp": manifest["tp"],
@@ -63,14 +66,35 @@ def compare_with_reference(out: dict[str, Any], reference: nn.Module, prompt: Se
             "seq_match": out["tokens"] == ref["tokens"]}
 
 
+def artifact_self_checks(directory: str | Path, manifest: dict[str, Any], reference: nn.Module, prompt: Sequence[int],
+                         out: dict[str, Any]) -> dict[str, Any]:
+    """The self-checks an artifact allows, against the checkpoint it was built from: its host
+    embedding files, and every step's logits (``out["step_logits"]``, removed from ``out``) after
+    the softcap. Adds ``self_checks``, ``logit_check`` and ``self_checks_passed`` to ``out``."""
+    from neuron_port.embedding import load_host_embeddings
+    from neuron_port.selfcheck import Check, as_json, check_embeddings, check_step_logits, logit_tolerance_for
+
+    step_logits = out.pop("step_logits", [])
+    tolerance = logit_tolerance_for(manifest["backend"], manifest.get("dtype", "torch.float32"))
+    logits, report = check_step_logits(reference, prompt, out["tokens"], step_logits, tolerance)
+    config = load_config(Path(directory) / "config.json")
+    checks = [check_embeddings(reference, load_host_embeddings(directory, config)),
+              Check("attention", "skip", "compiled graphs run no Python: the attention check runs on a model"), logits]
+    return {**out, "self_checks": as_json(checks), "logit_check": report,
+            "self_checks_passed": all(c.status != "fail" for c in checks)}
+
+
 def check_artifact(directory: str | Path, prompt_len: int = 24, max_new_tokens: int = 32,
                    prompt: Sequence[int] | None = None, stop_ids: Sequence[int] = (), seed: int = 0) -> dict[str, Any]:
     """Generate from the artifact and compare with Hugging Face on the artifact's own checkpoint
-    (rebuilt from the manifest's source and proven by its weights fingerprint)."""
+    (rebuilt from the manifest's source and proven by its weights fingerprint): tokens, and the
+    self-checks (:func:`artifact_self_checks`)."""
     manifest = verify(directory)
     prompt = list(prompt) if prompt is not None else artifact_prompt(directory, prompt_len, seed)
-    out = run_artifact(directory, prompt, max_new_tokens, stop_ids, manifest)
-    return compare_with_reference(out, reference_model(manifest), prompt, max_new_tokens, stop_ids)
+    out = run_artifact(directory, prompt, max_new_tokens, stop_ids, manifest, keep_logits=True)
+    reference = reference_model(manifest)
+    out = artifact_self_checks(directory, manifest, reference, prompt, out)
+    return compare_with_reference(out, reference, prompt, max_new_tokens, stop_ids)
 
 
 def _fresh_main(request_path: str, result_path: str) -> None:
@@ -104,4 +128,5 @@ def check_in_fresh_process(directory: str | Path, prompt_len: int = 24, max_new_
     return answer["result"]
 
 
-__all__ = ["artifact_prompt", "run_artifact", "compare_with_reference", "check_artifact", "check_in_fresh_process"]
+__all__ = ["artifact_prompt", "run_artifact", "compare_with_reference", "artifact_self_checks", "check_artifact",
+           "check_in_fresh_process"]

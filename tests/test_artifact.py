@@ -78,6 +78,9 @@ def test_fresh_process_check_returns_data_and_names_the_childs_failure(e2b_artif
 
     result = check_in_fresh_process(e2b_artifact, prompt_len=12, max_new_tokens=6)
     assert result["seq_match"] is True and result["tokens"] == result["reference_tokens"] and len(result["tokens"]) == 6
+    assert result["self_checks_passed"] is True and result["logit_check"]["steps"] == 6
+    assert {c["name"]: c["status"] for c in result["self_checks"]} == {"embeddings": "pass", "attention": "skip",
+                                                                        "logits": "pass"}
     broken = _copy(e2b_artifact, tmp_path)
     (broken / "rank0" / "decode_64.pt").write_bytes(b"not a graph")
     with pytest.raises(ArtifactError, match="fresh-process check failed: ArtifactError: .*decode_64.pt"):

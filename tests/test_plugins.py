@@ -156,3 +156,16 @@ def test_forgotten_softcap_is_a_logit_mismatch_while_tokens_agree(mistakes):
     checks = {c["name"]: c["status"] for c in out["self_checks"]}
     assert checks == {"embeddings": "pass", "attention": "pass", "logits": "fail"}
     assert out["logit_check"]["max_relative_error"] > 100 * out["logit_check"]["tolerance"]
+
+
+def test_an_artifact_of_an_adapter_without_softcap_fails_generate_check(mistakes, tmp_path):
+    """The artifact path sees it too: tokens agree, the artifact's step logits do not."""
+    art = tmp_path / "art"
+    res = run_cli_process("compile", "gemma-4-e2b", "--tiny", "--buckets", "32", "--kv-lens", "64", "--out", str(art),
+                          env=mistakes)
+    assert res.returncode == 0, res.stderr
+    res = run_cli_process("generate", str(art), "--max-new-tokens", "8", "--check", "--json", env=mistakes)
+    out = _json(res)
+    assert res.returncode == 1 and out["seq_match"] is True
+    assert {c["name"]: c["status"] for c in out["self_checks"]} == {"embeddings": "pass", "attention": "skip",
+                                                                     "logits": "fail"}

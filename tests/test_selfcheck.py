@@ -99,7 +99,7 @@ def test_a_run_that_stops_names_the_layers_it_never_reached(monkeypatch):
     model = build_model(load_config("mistral", tiny=True), seed=0)
     check = check_attention(model, RankSetup.for_layout(describe(model), 1), SHAPE)
     assert check.status == "fail"
-    assert check.detail.startswith("the graphs failed before rank 0: layers [1, 2, 3] ran: ValueError")
+    assert check.detail.startswith("the graphs failed before rank 0: layers [1, 2, 3] ran: MaskFormError")
     assert "got no mask" in check.detail and "another attention function" not in check.detail
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from neuron_port.commands.common import add_prompt_options, emit_generation, int_list, print_json, prompt_ids
@@ -21,6 +22,10 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     model, source = load_source(args.model, tiny=args.tiny, seed=args.seed)
     setup = RankSetup.for_layout(describe(model), args.tp)
     tok_dir = args.model if Path(args.model).is_dir() else None
+    if tok_dir is not None and not (Path(tok_dir) / "tokenizer.json").is_file():
+        print(f"warning: {tok_dir} has no tokenizer.json: the artifact will generate from token ids only; serve, "
+              "--prompt and doctor need one (for a random-weight test directory, "
+              "neuron_port.localdir.write_tokenizer(DIR, vocab_size) writes a demo tokenizer)", file=sys.stderr)
     manifest = write_artifact(args.out, model, source, setup, PortShape(args.buckets, args.kv_lens), args.backend,
                               args.batch, tok_dir)
     summary = {k: manifest[k] for k in ("backend", "tp", "buckets", "kv_lens", "batch", "weights_fingerprint")}
@@ -38,7 +43,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from neuron_port.artifact_reader import reference_model
     from neuron_port.configs import load_config
     from neuron_port.families import family_for
-    from neuron_port.validation import compare_with_reference, run_artifact
+    from neuron_port.validation import artifact_self_checks, compare_with_reference, run_artifact
 
     manifest = verify(args.dir, args.allow_version_mismatch)
     config = load_config(Path(args.dir) / "config.json")
@@ -46,9 +51,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     special = family.special_ids(config)
     prompt = prompt_ids(args, args.dir, family.vocab_size(config), special.bos)
     stop_ids = list(special.eos) if args.stop_at_eos else []
-    out = run_artifact(args.dir, prompt, args.max_new_tokens, stop_ids, manifest)
+    out = run_artifact(args.dir, prompt, args.max_new_tokens, stop_ids, manifest, keep_logits=args.check)
     if args.check:
-        out = compare_with_reference(out, reference_model(manifest), prompt, args.max_new_tokens, stop_ids)
+        reference = reference_model(manifest)
+        out = artifact_self_checks(args.dir, manifest, reference, prompt, out)
+        out = compare_with_reference(out, reference, prompt, args.max_new_tokens, stop_ids)
     return emit_generation(out, args)
 
 
@@ -73,7 +80,8 @@ def add(sub) -> None:
     add_prompt_options(p, default_tokens=32)
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt")
     p.add_argument("--stop-at-eos", action="store_true")
-    p.add_argument("--check", action="store_true", help="compare with HF generate on the artifact's own checkpoint")
+    p.add_argument("--check", action="store_true", help="compare with HF generate on the artifact's own checkpoint and run the "
+                   "self-checks an artifact allows (host embedding files, every step's logits)")
     p.add_argument("--allow-version-mismatch", action="store_true",
                    help="run even if the installed torch / Neuron versions differ from the artifact's")
     p.add_argument("--json", action="store_true")

@@ -62,7 +62,8 @@ def _cmd_lint(args: argparse.Namespace) -> int:
     else:
         for f in report["findings"]:
             print(f"[{f['severity']}] {f['rule']} at {f['where']}: {f['detail']}\n    fix: {f['fix']}")
-        print(f"{report['errors']} error(s)")
+        traced = ", ".join(report["graphs_traced"]) or "none"
+        print(f"{report['errors']} error(s); graphs traced (tiny variant): {traced}")
     return 0
 
 

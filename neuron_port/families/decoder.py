@@ -310,6 +310,9 @@ class DecoderFamily:
         return None
 
     def lm_head_weight(self, model: nn.Module) -> torch.Tensor:
+        """[vocab, hidden]: the graphs end at ``hidden @ lm_head_weight.T`` (raw logits). A family
+        whose forward scales the logits after the head (Granite divides by ``logits_scaling``)
+        folds that scale in here; a softcap goes in :meth:`softcap` (applied on the host)."""
         head = getattr(model, "lm_head", None)
         return head.weight if head is not None else self.word_embedding(model).weight
 
