@@ -13,7 +13,6 @@ embeddings, attention (model directories), logits of every step after the softca
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import torch
 
 from neuron_port.errors import NeuronPortError
 from neuron_port.families import DecoderFamily, family_for
-from neuron_port.selfcheck import Check, check_attention, check_embeddings, check_step_logits
+from neuron_port.selfcheck import Check, as_json, model_self_checks
 
 SAMPLE_TEXTS = ("hello world", "the capital of france is paris", "water and fire")
 UNK_FLOOD = 0.2
@@ -160,10 +159,10 @@ def _port_model_dir(directory: Path, config, family: DecoderFamily, tokens: int)
     prompt = _probe_prompt(config, family, 16)
     shape = PortShape([16], 64)
     ref = reference_generate(model, prompt, tokens)
-    got = generate(model, [prompt], tokens, shape=shape, keep_logits=True)
-    logits, _ = check_step_logits(model, prompt, got.tokens[0], got.step_logits)
-    attention = check_attention(model, RankSetup.for_layout(describe(model), 1), shape)
-    return [_port_verdict(got.tokens[0], ref), check_embeddings(model), attention, logits]
+    setup = RankSetup.for_layout(describe(model), 1)
+    got = generate(model, [prompt], tokens, shape=shape, setup=setup, keep_logits=True)
+    checks, _ = model_self_checks(model, setup, shape, prompt, got.tokens[0], got.step_logits)
+    return [_port_verdict(got.tokens[0], ref), *checks]
 
 
 def _port_artifact(directory: Path, config, family: DecoderFamily, tokens: int) -> list[Check]:
@@ -226,7 +225,7 @@ def run_doctor(directory: str | Path, tokens: int = 8) -> list[Check]:
 
 def report(checks: list[Check]) -> dict[str, Any]:
     failed = [c for c in checks if c.status == "fail"]
-    return {"ok": not failed, "first_failure": failed[0].name if failed else None, "checks": [asdict(c) for c in checks]}
+    return {"ok": not failed, "first_failure": failed[0].name if failed else None, "checks": as_json(checks)}
 
 
 def format_report(checks: list[Check]) -> str:

@@ -212,5 +212,15 @@ def as_json(checks: Sequence[Check]) -> list[dict]:
     return [asdict(check) for check in checks]
 
 
+def model_self_checks(model: nn.Module, setup: "RankSetup", shape: PortShape, prompt: Sequence[int],
+                      tokens: Sequence[int], step_logits: Sequence[torch.Tensor],
+                      tolerance: float = LOGIT_TOLERANCE) -> tuple[list[Check], dict]:
+    """The three checks on a port built over ``model`` (``tokens`` and ``step_logits``: row 0 of its
+    run on ``prompt``): embeddings, attention on every rank of ``setup``, step logits. Returns the
+    checks and the logit report."""
+    logits, report = check_step_logits(model, prompt, tokens, step_logits, tolerance)
+    return [check_embeddings(model), check_attention(model, setup, shape), logits], report
+
+
 __all__ = ["LOGIT_TOLERANCE", "REDUCED_PRECISION_LOGIT_TOLERANCE", "logit_tolerance_for", "Check", "probe_ids", "check_embeddings", "check_attention", "check_logits",
-           "check_step_logits", "as_json"]
+           "check_step_logits", "model_self_checks", "as_json"]
