@@ -31,7 +31,7 @@ from typing import Any, Iterator, Mapping
 import torch
 
 from neuron_port.errors import NeuronPortError, UnsupportedArchitectureError
-from neuron_port.families import adapter_source, family_for
+from neuron_port.families import AdapterSource, adapter_source, family_for
 
 FORMAT = "neuron-port-artifact/1"
 MANIFEST = "manifest.json"
@@ -170,36 +170,35 @@ def _check_versions(manifest: dict[str, Any], allow_mismatch: bool) -> None:
             )
 
 
-def _adapter_fix(recorded: dict[str, Any], found) -> str:
+def _adapter_fix(recorded: AdapterSource, found: AdapterSource | None) -> str:
     """What to do when this environment resolves another adapter than the artifact's."""
-    if recorded["distribution"] == "(registered in process)":
-        module = recorded["adapter_class"].split(":")[0]
+    if recorded.distribution == "(registered in process)":
+        module = recorded.adapter_class.split(":")[0]
         return f"import {module} and register its adapter before loading (or ship it as a plugin)"
-    if recorded["distribution"] == "neuron-port" and found is not None:
+    if recorded.distribution == "neuron-port" and found is not None:
         return (f"the plugin {found.requirement()} replaces the shipped adapter here: uninstall it "
                 f"(pip uninstall {found.distribution}) or rebuild the artifact with it")
-    wanted = f"{recorded['distribution']}=={recorded['version']}" if recorded.get("version") else recorded["distribution"]
-    return f"install that plugin (pip install {wanted})"
+    return f"install that plugin (pip install {recorded.requirement()})"
 
 
 def _check_adapter(manifest: dict[str, Any], allow_mismatch: bool) -> None:
     """The adapter that built the artifact must be the one this environment resolves (a plugin
     artifact needs its plugin installed, at the version it was built with)."""
-    recorded = manifest.get("adapter")
-    if not recorded:
+    if not manifest.get("adapter"):
         return  # written before adapters were recorded
-    built_by = f"{recorded['adapter_class']} of {recorded['distribution']} {recorded.get('version') or ''}".rstrip()
+    recorded = AdapterSource(**manifest["adapter"])
+    built_by = f"{recorded.adapter_class} of {recorded.distribution} {recorded.version or ''}".rstrip()
     try:
         found = adapter_source(family_for(manifest["model_type"]))
     except UnsupportedArchitectureError:
         raise ArtifactError(f"field adapter: the artifact was built by the adapter {built_by} for model type "
                             f"{manifest['model_type']!r}, which is not installed here; "
                             f"{_adapter_fix(recorded, None)}") from None
-    if found.adapter_class != recorded["adapter_class"] or found.distribution != recorded["distribution"]:
+    if (found.adapter_class, found.distribution) != (recorded.adapter_class, recorded.distribution):
         raise ArtifactError(f"field adapter: the artifact was built by {built_by}, this environment resolves model "
                             f"type {manifest['model_type']!r} to {found.adapter_class} of {found.requirement()}; "
                             f"{_adapter_fix(recorded, found)}")
-    if found.version != recorded.get("version") and not allow_mismatch and found.distribution != "neuron-port":
+    if found.version != recorded.version and not allow_mismatch and found.distribution != "neuron-port":
         raise ArtifactError(f"field adapter: the artifact was built by {built_by}, this environment has "
                             f"{found.requirement()}; an adapter of another version can shard or feed the graphs "
                             "differently. Install the version it was built with, rebuild the artifact, or pass "

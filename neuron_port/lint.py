@@ -143,8 +143,9 @@ def _scan(traced: torch.jit.ScriptModule, name: str, tiny_vocab: int, real: Layo
     return findings
 
 
-def _graph_findings(tiny_config, real: Layout, softcap_in_graph: bool, dtype_bytes: int) -> list[Finding]:
-    """Findings on the traced prefill and decode graphs of the tiny variant."""
+def _graph_findings(tiny_config, real: Layout, softcap_in_graph: bool,
+                    dtype_bytes: int) -> tuple[list[str], list[Finding]]:
+    """(names of the graphs traced, findings on them): the tiny variant's prefill and decode graphs."""
     model = build_model(tiny_config, seed=0)
     tiny = describe(model)
     port = Port(copy.deepcopy(model), tiny, [16], [32])
@@ -155,7 +156,7 @@ def _graph_findings(tiny_config, real: Layout, softcap_in_graph: bool, dtype_byt
     findings: list[Finding] = []
     for gname, (graph, inputs) in graphs.items():
         findings += _scan(_trace(graph, inputs), gname, tiny.vocab_size, real, dtype_bytes)
-    return findings
+    return list(graphs), findings
 
 
 def lint_model(name: str, softcap_in_graph: bool = False, dtype_bytes: int = 2) -> dict[str, Any]:
@@ -171,8 +172,7 @@ def lint_model(name: str, softcap_in_graph: bool = False, dtype_bytes: int = 2) 
         findings = [Finding("graphs-not-traced", "warning", f"{real.model_type}: no tiny variant", str(exc),
                             "give the adapter a tiny variant (tiny_heads, or tiny_config_dict) to lint its graphs")]
     else:
-        traced = ["prefill_16", "decode_32"]
-        findings = _graph_findings(tiny_config, real, softcap_in_graph, dtype_bytes)
+        traced, findings = _graph_findings(tiny_config, real, softcap_in_graph, dtype_bytes)
     windows = sorted({s.window for s in real.layers if s.window})
     for w in windows:
         tiled = w * 4

@@ -76,9 +76,10 @@ def check_embeddings(model: nn.Module, embeddings: HostEmbeddings | None = None)
     ids = probe_ids(embeddings.word.shape[0])
     host_words, host_per_layer = embeddings.embed(ids)
     problems = []
-    word_err = _differs(host_words, family.word_embedding(model)(ids))
+    model_words = family.word_embedding(model)(ids)
+    word_err = _differs(host_words, model_words)
     if word_err is not None:
-        ratio = float(family.word_embedding(model)(ids).abs().max() / host_words.abs().max().clamp_min(1e-12))
+        ratio = float(model_words.abs().max() / host_words.abs().max().clamp_min(1e-12))
         problems.append(f"the word embedding differs from the model's own embedding module by {word_err:.3g} of its "
                         f"scale (the model's is {ratio:.4g}x the host's)")
     ple_module = family.per_layer_embedding(model)

@@ -261,18 +261,11 @@ class DecoderFamily:
         """(attention projections, MLP projections) of decoder layer ``index``, checked: what every
         reader outside the adapter uses, so an adapter whose hooks miss the model's modules fails
         with an :class:`AdapterError` naming the hook, not an ``AttributeError`` deep inside."""
-        hook = "attention"
         try:
-            attn = self.attention(layer)
-            hook = "attention_projections"
-            attn_proj = self.attention_projections(attn)
-            hook = "mlp"
-            mlp = self.mlp(layer)
-            hook = "mlp_projections"
-            mlp_proj = self.mlp_projections(mlp)
+            attn_proj = self.attention_projections(self.attention(layer))
+            mlp_proj = self.mlp_projections(self.mlp(layer))
         except (AttributeError, KeyError, TypeError) as exc:
-            raise AdapterError(f"the {self.name} adapter's {hook}() hook failed on layer {index} of a "
-                               f"{type(layer).__name__}: {type(exc).__name__}: {exc}; override {hook} for this model") from None
+            raise self.hook_error(exc, f"on layer {index} of a {type(layer).__name__}") from None
         for hook, found, required in (("attention_projections", attn_proj, ("q", "o")),
                                       ("mlp_projections", mlp_proj, MLP_ROLES)):
             for role in required:
@@ -282,7 +275,7 @@ class DecoderFamily:
                                        f"role to the module (or a RoleView of a fused one) of that layer")
         return attn_proj, mlp_proj
 
-    def hook_error(self, exc: BaseException) -> AdapterError:
+    def hook_error(self, exc: BaseException, where: str = "on this model") -> AdapterError:
         """An :class:`AdapterError` naming the adapter hook (the innermost frame that is a method of
         this adapter) where ``exc``, an ``AttributeError`` or the like, was raised."""
         import traceback
@@ -290,8 +283,8 @@ class DecoderFamily:
         frames = traceback.extract_tb(exc.__traceback__)
         hook = next((f.name for f in reversed(frames)
                      if not f.name.startswith("__") and callable(getattr(type(self), f.name, None))), None)
-        where = f"{hook}() hook" if hook else "hooks"
-        return AdapterError(f"the {self.name} adapter's {where} failed on this model: {type(exc).__name__}: {exc}; "
+        name = f"{hook}() hook" if hook else "hooks"
+        return AdapterError(f"the {self.name} adapter's {name} failed {where}: {type(exc).__name__}: {exc}; "
                             f"override {hook or 'the hook'} for it")
 
     def attention_implementation(self, attn: nn.Module) -> str | None:

@@ -15,6 +15,7 @@ its error; the model types it would have served stay unsupported.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import asdict, dataclass
 from importlib import metadata
@@ -47,12 +48,17 @@ def class_path(family: DecoderFamily) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def shipped_source(family: DecoderFamily) -> AdapterSource:
+@functools.lru_cache(maxsize=1)
+def _installed_version() -> str | None:
+    """This package's installed version, read once (None from a source tree never installed)."""
     try:
-        version: str | None = metadata.version("neuron-port")
-    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
-        version = None
-    return AdapterSource(family.name, class_path(family), "neuron-port", version)
+        return metadata.version("neuron-port")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def shipped_source(family: DecoderFamily) -> AdapterSource:
+    return AdapterSource(family.name, class_path(family), "neuron-port", _installed_version())
 
 
 def _as_family(obj: Any, entry: metadata.EntryPoint) -> DecoderFamily:
