@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuron_port.families import DecoderFamily, family_for
+from neuron_port.families import DecoderFamily
+from neuron_port.families.gemma4 import gemma_chat_prompt  # deprecated here, kept for one release
 
 
 def tokenizer_config(directory: str | Path | None) -> dict[str, Any]:
@@ -65,11 +66,6 @@ def chat_format(family: DecoderFamily, tokenizer: Any, directory: str | Path | N
     names = [t for t in (_token_text(settings.get("eos_token")), *family.chat_stop_tokens) if t]
     ids = [tokenizer.token_to_id(name) for name in names] if tokenizer is not None else []
     return ChatFormat(family, template, tuple(dict.fromkeys(i for i in ids if i is not None)))
-
-
-def gemma_chat_prompt(messages: list[dict[str, str]]) -> str:
-    """Deprecated (kept for one release): the Gemma family's default chat format."""
-    return family_for("gemma4_text").chat_prompt(messages)
 
 
 __all__ = ["tokenizer_config", "ChatFormat", "chat_format", "gemma_chat_prompt"]
