@@ -179,6 +179,7 @@ def run_gloo(fn: RankFn, tp: int, timeout_s: float = 600.0, threads_per_rank: in
 
     with tempfile.TemporaryDirectory(prefix="neuron_port_tp_") as out_dir:
         init = f"tcp://127.0.0.1:{free_port()}"
+        ctx = None
         try:
             ctx = _spawn(mp, (tp, init, fn, out_dir, threads_per_rank), tp, out_dir)
             deadline = time.monotonic() + timeout_s
@@ -194,6 +195,8 @@ def run_gloo(fn: RankFn, tp: int, timeout_s: float = 600.0, threads_per_rank: in
             if unguarded.exists():
                 raise ParallelRankError(_unguarded_message(unguarded.read_text())) from None
             raise ParallelRankError(f"rank {exc.error_index} of {tp} died (exit code {exc.exit_code})") from None
+        finally:
+            _remove_error_files(ctx)
         results = []
         for rank in range(tp):
             path = Path(out_dir) / f"rank{rank}.json"
@@ -201,6 +204,14 @@ def run_gloo(fn: RankFn, tp: int, timeout_s: float = 600.0, threads_per_rank: in
                 raise _rank_failure(out_dir, tp, f"rank {rank} produced no result")
             results.append(json.loads(path.read_text()))
         return results
+
+
+def _remove_error_files(ctx) -> None:
+    """torch.multiprocessing leaves a ``pytorch-errorfile-*.pickle`` in the temp folder for each rank
+    that raised; the message has been read by now, so they go."""
+    for name in getattr(ctx, "error_files", None) or ():
+        if name:
+            Path(name).unlink(missing_ok=True)
 
 
 def _spawn(mp, args: tuple, tp: int, out_dir: str):

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -83,10 +84,13 @@ def _raising_line() -> int:
 
 
 def test_gloo_all_reduce_and_rank_failure():
-    """The failing rank is named with the file, line and function that raised, and its whole traceback."""
+    """The failing rank is named with the file, line and function that raised, and its whole traceback;
+    torch's per-rank error files do not pile up in the temp folder."""
     assert run_gloo(_sum_ranks, 2) == [[3.0], [3.0]]
+    before = set(Path(tempfile.gettempdir()).glob("pytorch-errorfile-*.pickle"))
     with pytest.raises(ParallelRankError) as caught:
         run_gloo(_die_on_rank_one, 2)
+    assert set(Path(tempfile.gettempdir()).glob("pytorch-errorfile-*.pickle")) <= before
     where = f"rank 1 of 2 failed at {__file__}:{_raising_line()} in _die_on_rank_one: "
     assert str(caught.value).startswith(where), str(caught.value)
     assert caught.value.rank == 1 and "Traceback" in caught.value.rank_traceback
