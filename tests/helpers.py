@@ -37,6 +37,33 @@ def run_cli_process(*args: str, timeout: float = 600, env: dict[str, str] | None
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
 
 
+_COMMANDS_SCRIPT = """
+import contextlib, io, json, sys
+from neuron_port.cli import main
+results = []
+for args in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(args)
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+    results.append([code, out.getvalue(), err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+def run_cli_commands(*commands: list[str], timeout: float = 600, env: dict[str, str] | None = None) -> list[CliResult]:
+    """Run several ``neuron-port`` commands one after another in one fresh process (``env``: its whole
+    environment), each with its own captured output: one interpreter start instead of one per command."""
+    import json
+
+    proc = subprocess.run([sys.executable, "-c", _COMMANDS_SCRIPT, json.dumps([list(c) for c in commands])],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [CliResult(*result) for result in json.loads(proc.stdout)]
+
+
 class ServerProcess:
     """``neuron-port serve ARGS`` on a free 127.0.0.1 port, started and stopped by the test."""
 

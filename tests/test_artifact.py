@@ -47,13 +47,15 @@ def test_tp2_compile_then_generate_in_a_fresh_process(tmp_path):
 
 
 def _served_tp2_matches_generate(out):
-    """The server over a tp 2 artifact: rank 0 in the server, rank 1 stepping with it (lockstep)."""
+    """The server over a tp 2 artifact (rank 0 in the server, rank 1 stepping with it in lockstep) answers
+    two concurrent requests with Hugging Face's greedy tokens."""
     pytest.importorskip("fastapi")
     import concurrent.futures
 
     import httpx
 
-    from neuron_port.generation import generate
+    from neuron_port.models import load_source
+    from neuron_port.oracle import reference_generate
     from tests.helpers import ServerProcess
 
     prompts = [[2, 17, 33, 5, 92], [2, 41, 7, 300, 12, 58]]
@@ -68,8 +70,9 @@ def _served_tp2_matches_generate(out):
             served = list(pool.map(ask, prompts))
     finally:
         assert srv.stop() == 0
-    for prompt, tokens in zip(prompts, served):
-        assert tokens == generate(out, [prompt], 12).tokens[0]
+    model, _ = load_source("gemma-4-e4b", tiny=True, seed=json.loads((out / "manifest.json").read_text())["source"]["seed"])
+    for prompt, tokens in zip(prompts, served):  # Hugging Face in this process: no third set of ranks to start
+        assert tokens == reference_generate(model, prompt, 12)["tokens"]
 
 
 def test_fresh_process_check_returns_data_and_names_the_childs_failure(e2b_artifact, tmp_path):

@@ -17,7 +17,22 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py"))
 
 
+def _run_here(script: str, *args: str) -> dict:
+    """Run a benchmark script as ``__main__`` in this process (torch and transformers are imported
+    already, which saves each script the seconds of a fresh interpreter); its printed JSON."""
+    import contextlib
+    import io
+    import runpy
+    from unittest import mock
+
+    out = io.StringIO()
+    with mock.patch.object(sys, "argv", [script, *args]), contextlib.redirect_stdout(out):
+        runpy.run_path(str(ROOT / "benchmarks" / script), run_name="__main__")
+    return json.loads(out.getvalue())
+
+
 def _run(script: str, *args: str) -> dict:
+    """Run a benchmark script in a fresh process (for those that measure their own process or start servers)."""
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True, text=True,
                           timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -40,7 +55,7 @@ def test_every_benchmark_has_a_smoke_test_and_a_readme_entry():
 
 @pytest.mark.slow
 def test_host_overhead_smoke():
-    out = _run("host_overhead.py", "--smoke", "--json")
+    out = _run_here("host_overhead.py", "--smoke", "--json")
     assert out["device_step_ms_anchor"] == 23.0
     assert _positive(out["greedy_ms_per_token"], out["sampled_ms_per_token"], out["greedy_ratio_to_anchor"],
                      out["sampled_ratio_to_anchor"], out["peer_greedy_ms_per_token"], out["peer_sampled_ms_per_token"])
@@ -48,7 +63,7 @@ def test_host_overhead_smoke():
 
 @pytest.mark.slow
 def test_decode_vs_hf_smoke():
-    out = _run("decode_vs_hf.py", "--smoke", "--json")
+    out = _run_here("decode_vs_hf.py", "--smoke", "--json")
     assert [r["context"] for r in out["results"]] == [16, 32]
     for row in out["results"]:
         assert {"variant", "context", "port_tok_per_s", "hf_tok_per_s", "ratio"} <= set(row)
@@ -58,7 +73,7 @@ def test_decode_vs_hf_smoke():
 
 def test_kv_memory_smoke_with_plot(tmp_path):
     png = tmp_path / "kv.png"
-    out = _run("kv_memory.py", "--smoke", "--json", "--plot", str(png))
+    out = _run_here("kv_memory.py", "--smoke", "--json", "--plot", str(png))
     assert set(out["results"]) == {"gemma-4-e2b", "gemma-4-e4b", "gemma-4-12b"}
     for rows in out["results"].values():
         for row in rows:
@@ -76,13 +91,13 @@ def test_slim_rss_smoke():
 
 @pytest.mark.slow
 def test_host_step_smoke():
-    out = _run("host_step.py", "--vocab", "4096", "--kv-len", "256", "--window", "64", "--repeats", "2")
+    out = _run_here("host_step.py", "--vocab", "4096", "--kv-len", "256", "--window", "64", "--repeats", "2")
     assert _positive(out["sampling_ms"]["library_topk_topp"], out["decode_host_inputs_ms"]["preallocated"])
 
 
 @pytest.mark.slow
 def test_cpu_backend_smoke():
-    out = _run("cpu_backend.py", "--tokens", "4", "--repeats", "1")
+    out = _run_here("cpu_backend.py", "--tokens", "4", "--repeats", "1")
     assert _positive(out["ratio_eager_over_compiled"]) and out["same_tokens"] is True
 
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import torch
 
-from tests.helpers import ServerProcess, run_cli_process
+from tests.helpers import ServerProcess, run_cli, run_cli_commands, run_cli_process
 
 pytestmark = pytest.mark.slow
 PLUGINS = Path(__file__).parent / "plugins"
@@ -105,11 +105,12 @@ def test_plugin_artifact_records_its_adapter_and_needs_it_to_load(helium, tmp_pa
 def test_describe_lint_and_plan_work_without_a_tiny_variant(helium):
     """The Helium adapter declares no tiny variant: describe and plan need none, lint says what it skipped."""
     env, model_dir = helium
-    for command in ("describe", "plan", "lint"):
-        res = run_cli_process(command, str(model_dir / "config.json"), env=env)
-        assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
-    assert "graphs-not-traced" in res.stdout and "tiny_heads" in res.stdout
-    res = run_cli_process("port", str(model_dir / "config.json"), "--tiny", env=env)
+    config = str(model_dir / "config.json")
+    *infos, res = run_cli_commands(["describe", config], ["plan", config], ["lint", config], ["port", config, "--tiny"],
+                                   env=env)
+    for info in infos:
+        assert info.returncode == 0 and "Traceback" not in info.stderr, info.stderr
+    assert "graphs-not-traced" in infos[-1].stdout and "tiny_heads" in infos[-1].stdout
     assert res.returncode != 0 and "Traceback" not in res.stderr
     assert "error: the helium adapter has no tiny variant: set its tiny_heads" in res.stderr
 
@@ -131,7 +132,7 @@ def test_a_plugin_replaces_a_shipped_adapter_with_a_warning(mistakes):
 
 def test_a_shipped_artifact_under_a_replacing_plugin_says_to_uninstall_it(mistakes, tmp_path):
     art = tmp_path / "art"
-    res = run_cli_process("compile", "gemma-3", "--tiny", "--buckets", "16", "--kv-lens", "32", "--out", str(art))
+    res = run_cli("compile", "gemma-3", "--tiny", "--buckets", "16", "--kv-lens", "32", "--out", str(art))
     assert res.returncode == 0, res.stderr
     refused = run_cli_process("generate", str(art), "--json", env=mistakes)
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
@@ -161,10 +162,10 @@ def test_forgotten_softcap_is_a_logit_mismatch_while_tokens_agree(mistakes):
 def test_an_artifact_of_an_adapter_without_softcap_fails_generate_check(mistakes, tmp_path):
     """The artifact path sees it too: tokens agree, the artifact's step logits do not."""
     art = tmp_path / "art"
-    res = run_cli_process("compile", "gemma-4-e2b", "--tiny", "--buckets", "32", "--kv-lens", "64", "--out", str(art),
-                          env=mistakes)
-    assert res.returncode == 0, res.stderr
-    res = run_cli_process("generate", str(art), "--max-new-tokens", "8", "--check", "--json", env=mistakes)
+    compiled, res = run_cli_commands(
+        ["compile", "gemma-4-e2b", "--tiny", "--buckets", "32", "--kv-lens", "64", "--out", str(art)],
+        ["generate", str(art), "--max-new-tokens", "8", "--check", "--json"], env=mistakes)
+    assert compiled.returncode == 0, compiled.stderr
     out = _json(res)
     assert res.returncode == 1 and out["seq_match"] is True
     assert {c["name"]: c["status"] for c in out["self_checks"]} == {"embeddings": "pass", "attention": "skip",

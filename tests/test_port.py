@@ -160,9 +160,9 @@ def test_port_cli_check_all_three_sizes():
 
 
 def test_port_cli_tp2_gloo():
-    for name in ("gemma-4-e4b", "gemma-4-12b"):
-        d = _port_json(name, "--tiny", "--tp", "2", "--check")
-        assert d["tp"] == 2 and d["seq_match"] is True and d["new_tokens"] >= 48
+    """The command at tp 2 (gloo ranks); the 12B's ranks are compared logit by logit in test_tp_execution."""
+    d = _port_json("gemma-4-e4b", "--tiny", "--tp", "2", "--check")
+    assert d["tp"] == 2 and d["seq_match"] is True and d["new_tokens"] >= 48
 
 
 def test_prompt_over_largest_bucket_is_a_clear_error():
