@@ -1,24 +1,20 @@
 """An adapter whose hooks miss its model is named in one ``error:`` line, never a traceback.
 
-Each case registers a deliberately wrong Helium adapter in a fresh process (registration is per
-process) and runs the command there, as a user's wrapper script would.
+Each case puts a deliberately wrong Helium adapter in the family table for one test (as
+``register_family`` would, undone afterwards) and runs the command in this process.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
+from neuron_port import families
 from neuron_port.artifact import ArtifactError, _check_adapter
-from neuron_port.families import AdapterSource
+from neuron_port.families import AdapterSource, DecoderFamily
+from tests.helpers import run_cli
 
-SCRIPT = """
-import sys
-from neuron_port.cli import main
-from neuron_port.families import DecoderFamily, register_family
 
 class Helium(DecoderFamily):
     name = "helium"
@@ -26,22 +22,25 @@ class Helium(DecoderFamily):
     config_classes = {"helium": ("transformers", "HeliumConfig")}
     causal_lm_classes = {"helium": ("transformers", "HeliumForCausalLM")}
     tiny_heads = (4, 2)
+
     def attention_mask_argument(self, masks):
         return masks["full"]
 
+
 class WrongNames(Helium):
     _ATTN = {"q": "query", "k": "k_proj", "v": "v_proj", "o": "o_proj"}
+
 
 class WrongConfigField(Helium):
     def n_q(self, config, index):
         return config.n_heads
 
+
 class NoClasses(Helium):
     config_classes = {}
 
-register_family({"names": WrongNames, "field": WrongConfigField, "classes": NoClasses}[sys.argv[1]]())
-sys.exit(main(sys.argv[2:]))
-"""
+
+CASES = {"names": WrongNames, "field": WrongConfigField, "classes": NoClasses}
 
 
 @pytest.fixture(scope="module")
@@ -61,14 +60,15 @@ def helium_config(tmp_path_factory):
     ("field", "describe", "error: the helium adapter's n_q() hook failed on this model: AttributeError"),
     ("classes", "lint", "error: "),
 ])
-def test_a_hook_that_misses_the_model_is_named(helium_config, case, command, expected):
+def test_a_hook_that_misses_the_model_is_named(helium_config, case, command, expected, monkeypatch):
+    monkeypatch.setitem(families._BY_TYPE, "helium", CASES[case]())
     args = [command, str(helium_config)] + (["--tiny", "--max-new-tokens", "2"] if command == "port" else [])
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, case, *args], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
-    assert expected in proc.stderr, proc.stderr[-2000:]
+    res = run_cli(*args)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr
+    assert expected in res.stderr, res.stderr[-2000:]
     if case == "classes":
-        assert "names no class for model type 'helium': add it to its config_classes" in proc.stderr
+        assert "names no class for model type 'helium': add it to its config_classes" in res.stderr
 
 
 def test_a_plugin_of_another_version_than_the_artifacts_is_refused(monkeypatch):

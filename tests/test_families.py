@@ -21,7 +21,7 @@ from neuron_port.models import build_model, load_model_dir, save_model_dir
 from neuron_port.oracle import reference_generate
 from neuron_port.port import Port
 from neuron_port.run import GenerationJob, generate_with_port
-from tests.helpers import run_cli, run_cli_process
+from tests.helpers import run_cli
 
 PROMPT = [2] + list(range(7, 30))  # 24 tokens
 
@@ -63,13 +63,13 @@ def test_shard_plans_at_tp2_and_tp4(name):
 
 
 def test_port_llama_tiny_check_cli():
-    out = _json(run_cli_process("port", "llama", "--tiny", "--check", "--json"))
+    out = _json(run_cli("port", "llama", "--tiny", "--check", "--json"))
     assert out["seq_match"] is True and out["new_tokens"] == 48
     assert out["tokens"] == out["reference_tokens"]
 
 
 def test_port_qwen3_tiny_tp2_check_cli():
-    out = _json(run_cli_process("port", "qwen3", "--tiny", "--tp", "2", "--check", "--json"))
+    out = _json(run_cli("port", "qwen3", "--tiny", "--tp", "2", "--check", "--json"))
     assert out["seq_match"] is True and out["tp"] == 2
     assert len(out["per_rank_kv_cache_bytes"]) == 2
 
