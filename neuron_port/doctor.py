@@ -26,8 +26,6 @@ SAMPLE_TEXTS = ("hello world", "the capital of france is paris", "water and fire
 UNK_FLOOD = 0.2
 
 
-
-
 def tokenizer_problems(model_dir: Path, vocab_size: int, bos_id: int | None = None) -> list[str]:
     """Sanity of ``tokenizer.json``: present, loadable, round trip, no unknown flood, vocab size, and
     ``bos_id`` (the config's; None when the family adds none) in the vocabulary."""

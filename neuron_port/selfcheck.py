@@ -17,7 +17,7 @@ Each returns a :class:`Check` that passes or fails with the fix; ``neuron-port p
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 from torch import nn
@@ -213,6 +213,13 @@ def as_json(checks: Sequence[Check]) -> list[dict]:
     return [asdict(check) for check in checks]
 
 
+def result_fields(checks: Sequence[Check], logit_report: dict) -> dict[str, Any]:
+    """The fields a checked run reports: ``self_checks`` (JSON), ``logit_check`` (the logit
+    report) and ``self_checks_passed`` (no check failed; a skip is not a failure)."""
+    return {"self_checks": as_json(checks), "logit_check": logit_report,
+            "self_checks_passed": all(check.status != "fail" for check in checks)}
+
+
 def model_self_checks(model: nn.Module, setup: "RankSetup", shape: PortShape, prompt: Sequence[int],
                       tokens: Sequence[int], step_logits: Sequence[torch.Tensor],
                       tolerance: float = LOGIT_TOLERANCE) -> tuple[list[Check], dict]:
@@ -224,4 +231,4 @@ def model_self_checks(model: nn.Module, setup: "RankSetup", shape: PortShape, pr
 
 
 __all__ = ["LOGIT_TOLERANCE", "REDUCED_PRECISION_LOGIT_TOLERANCE", "logit_tolerance_for", "Check", "probe_ids", "check_embeddings", "check_attention", "check_logits",
-           "check_step_logits", "model_self_checks", "as_json"]
+           "check_step_logits", "model_self_checks", "as_json", "result_fields"]

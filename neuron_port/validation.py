@@ -72,7 +72,7 @@ def artifact_self_checks(directory: str | Path, manifest: dict[str, Any], refere
     embedding files, and every step's logits (``out["step_logits"]``, removed from ``out``) after
     the softcap. Adds ``self_checks``, ``logit_check`` and ``self_checks_passed`` to ``out``."""
     from neuron_port.embedding import load_host_embeddings
-    from neuron_port.selfcheck import Check, as_json, check_embeddings, check_step_logits, logit_tolerance_for
+    from neuron_port.selfcheck import Check, check_embeddings, check_step_logits, logit_tolerance_for, result_fields
 
     step_logits = out.pop("step_logits", [])
     tolerance = logit_tolerance_for(manifest["backend"], manifest.get("dtype", "torch.float32"))
@@ -80,8 +80,7 @@ def artifact_self_checks(directory: str | Path, manifest: dict[str, Any], refere
     config = load_config(Path(directory) / "config.json")
     checks = [check_embeddings(reference, load_host_embeddings(directory, config)),
               Check("attention", "skip", "compiled graphs run no Python: the attention check runs on a model"), logits]
-    return {**out, "self_checks": as_json(checks), "logit_check": report,
-            "self_checks_passed": all(c.status != "fail" for c in checks)}
+    return {**out, **result_fields(checks, report)}
 
 
 def check_artifact(directory: str | Path, prompt_len: int = 24, max_new_tokens: int = 32,

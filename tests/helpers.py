@@ -7,6 +7,7 @@ import io
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass
@@ -38,27 +39,20 @@ def run_cli_process(*args: str, timeout: float = 600, env: dict[str, str] | None
 
 
 _COMMANDS_SCRIPT = """
-import contextlib, io, json, sys
-from neuron_port.cli import main
-results = []
-for args in json.loads(sys.argv[1]):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(args)
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-    results.append([code, out.getvalue(), err.getvalue()])
-print(json.dumps(results))
+import dataclasses, json, sys
+sys.path.insert(0, sys.argv[1])
+from tests.helpers import run_cli
+print(json.dumps([dataclasses.astuple(run_cli(*args)) for args in json.loads(sys.argv[2])]))
 """
 
 
 def run_cli_commands(*commands: list[str], timeout: float = 600, env: dict[str, str] | None = None) -> list[CliResult]:
-    """Run several ``neuron-port`` commands one after another in one fresh process (``env``: its whole
-    environment), each with its own captured output: one interpreter start instead of one per command."""
+    """:func:`run_cli` for several ``neuron-port`` commands one after another in one fresh process
+    (``env``: its whole environment): one interpreter start instead of one per command."""
     import json
 
-    proc = subprocess.run([sys.executable, "-c", _COMMANDS_SCRIPT, json.dumps([list(c) for c in commands])],
+    root = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.run([sys.executable, "-c", _COMMANDS_SCRIPT, root, json.dumps([list(c) for c in commands])],
                           capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [CliResult(*result) for result in json.loads(proc.stdout)]

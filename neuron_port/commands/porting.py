@@ -76,13 +76,11 @@ def _cmd_port(args: argparse.Namespace) -> int:
 def _self_checks(out: dict[str, Any], model, setup, shape, prompt: list[int], result, tolerance: float | None) -> None:
     """What greedy tokens cannot see: host embeddings, the attention function inside the graphs,
     and every step's logits after the softcap (row 0)."""
-    from neuron_port.selfcheck import LOGIT_TOLERANCE, as_json, model_self_checks
+    from neuron_port.selfcheck import LOGIT_TOLERANCE, model_self_checks, result_fields
 
     tolerance = LOGIT_TOLERANCE if tolerance is None else tolerance
     checks, report = model_self_checks(model, setup, shape, prompt, result.tokens[0], result.step_logits, tolerance)
-    out["self_checks"] = as_json(checks)
-    out["logit_check"] = report
-    out["self_checks_passed"] = all(check.status != "fail" for check in checks)
+    out.update(result_fields(checks, report))
 
 
 def _check_rows(out: dict[str, Any], model, prompts: list[list[int]], tokens: list[list[int]], max_new_tokens: int,
