@@ -25,6 +25,7 @@ from neuron_port.families.parts import (ATTENTION_ROLES, MLP_ROLES, TINY_HEAD_DI
                                         TINY_INTERMEDIATE, TINY_PER_LAYER_INPUT, TINY_SPECIAL_IDS, TINY_VOCAB, RoleView,
                                         SpecialIds)
 
+
 class DecoderFamily:
     """Adapter for the common Hugging Face decoder layout. Subclasses set the class attributes."""
 

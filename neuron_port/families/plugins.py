@@ -61,7 +61,7 @@ def shipped_source(family: DecoderFamily) -> AdapterSource:
     return AdapterSource(family.name, class_path(family), "neuron-port", _installed_version())
 
 
-def _as_family(obj: Any, entry: metadata.EntryPoint) -> DecoderFamily:
+def _as_family(obj: Any) -> DecoderFamily:
     if isinstance(obj, type) and issubclass(obj, DecoderFamily):
         obj = obj()
     if not isinstance(obj, DecoderFamily):
@@ -81,7 +81,7 @@ def discover() -> Iterator[tuple[DecoderFamily, AdapterSource]]:
         dist = entry.dist.name if entry.dist else "(unknown distribution)"
         version = entry.dist.version if entry.dist else None
         try:
-            family = _as_family(entry.load(), entry)
+            family = _as_family(entry.load())
         except Exception as exc:  # a broken plugin must not take the library down with it
             warnings.warn(f"the {GROUP} plugin {entry.name!r} ({entry.value}) from {dist} {version or ''} "
                           f"could not be loaded, its model types stay unsupported: {type(exc).__name__}: {exc}",
