@@ -42,7 +42,7 @@ def main() -> int:
           f"roofline {capacity.roofline_tok_per_s} tok/s, measured {capacity.measured_tok_per_s} tok/s")
 
     # 3. Load, buffers checked.
-    model, source = load_checked(NAME, args.model_dir)
+    model, source = load_checked(NAME, args.model_dir, args.dtype)
 
     # 4. Shard: one plan per attention type — sharded KV on sliding layers, replicated on full ones.
     setup = RankSetup.for_layout(layout, tp)

@@ -44,7 +44,7 @@ def main() -> int:
           f"roofline {capacity.roofline_tok_per_s} tok/s, measured {capacity.measured_tok_per_s} tok/s")
 
     # 3. Load the weights and make sure no buffer was lost (Gemma-4's per-layer scalar is a buffer, not a parameter).
-    model, source = load_checked(NAME, args.model_dir)
+    model, source = load_checked(NAME, args.model_dir, args.dtype)
 
     # 4. Shard: at tp 1 every rank plan is the whole model; the setup is still what every later step uses.
     setup = RankSetup.for_layout(layout, tp)

@@ -41,7 +41,7 @@ def main() -> int:
         print(f"       - {reason}")
 
     # 3. Load, buffers checked.
-    model, source = load_checked(NAME, args.model_dir)
+    model, source = load_checked(NAME, args.model_dir, args.dtype)
 
     # 4. Shard: the plan every rank follows (q heads, the KV heads they need, the repeat factor).
     #    This setup is the one every rank below receives; nothing plans again.

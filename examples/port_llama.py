@@ -43,7 +43,7 @@ def main() -> int:
           f"{capacity.per_core_bytes['total'] / 2**30:.2f} GiB per core")
 
     # 3. Load, buffers checked (Llama and Qwen3 declare no per-layer buffers; the audit still runs).
-    model, source = load_checked(args.name, args.model_dir)
+    model, source = load_checked(args.name, args.model_dir, args.dtype)
 
     # 4. Shard: the same rule as Gemma-4's. At tp 2 the KV heads split; at tp 4 (tiny) they replicate.
     setup = RankSetup.for_layout(layout, tp)

@@ -18,7 +18,7 @@ from neuron_port.backends import get_backend
 from neuron_port.configs import load_config
 from neuron_port.embedding import load_host_embeddings
 from neuron_port.layout import describe
-from neuron_port.models import build_model, checkpoint_state, load_model_dir
+from neuron_port.models import checkpoint_state
 from neuron_port.port import Port
 from neuron_port.ranks import Rank, RankSetup
 from neuron_port.runners import load_runners
@@ -50,17 +50,23 @@ def load_rank_port(directory: str | Path, manifest: dict[str, Any], rank: Rank) 
 
 
 def reference_model(manifest: dict[str, Any]) -> nn.Module:
-    """Rebuild the CPU reference from the artifact's recorded source, proven to be the same weights."""
+    """Rebuild the float32 CPU reference from the artifact's recorded source (a directory through
+    Hugging Face's own ``from_pretrained``, never this library's loader), proven to be the same
+    weights: its state cast to the artifact's dtype has the manifest's weights fingerprint."""
+    from neuron_port.models import parse_dtype
+    from neuron_port.reference import cast_state, reference_for_source
+
     source = manifest["source"]
     if source.get("kind") == "shipped":
-        model = build_model(load_config(source["name"], tiny=bool(source.get("tiny"))), seed=int(source.get("seed", 0)))
+        model = reference_for_source(source["name"], tiny=bool(source.get("tiny")), seed=int(source.get("seed", 0)))
     elif source.get("kind") == "dir":
         if not Path(source["path"]).is_dir():
             raise ArtifactError(f"the reference checkpoint {source['path']} recorded in the manifest is not available here")
-        model = load_model_dir(source["path"])
+        model = reference_for_source(source["path"])
     else:
         raise ArtifactError(f"field source: expected kind 'shipped' or 'dir', found {source!r}")
-    found = weights_fingerprint(checkpoint_state(model, clone=False))
+    dtype = parse_dtype(manifest.get("dtype", "float32"))
+    found = weights_fingerprint(cast_state(checkpoint_state(model, clone=False), dtype))
     if found != manifest["weights_fingerprint"]:
         raise ArtifactError(
             f"the CPU reference rebuilt from {source} is not the artifact's checkpoint: weights fingerprint "

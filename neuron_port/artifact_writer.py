@@ -38,7 +38,9 @@ from neuron_port.ranks import Rank, RankSetup, check_setup_matches, run_ranks
 from neuron_port.runners import save_runners
 from neuron_port.shapes import PortShape
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "generation_config.json")
+"""The model's files an artifact carries beside its graphs: tokenizer, special tokens, chat template, eos ids."""
 
 
 def compile_rank(out_dir: str, shape: PortShape, backend_name: str, batch: int, rank: Rank) -> dict[str, Any]:

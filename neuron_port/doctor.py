@@ -6,9 +6,12 @@ runs those checks before any model does, then a short comparison of the port wit
 reference. Each check passes, fails (with the fix) or is skipped because an earlier one failed.
 
 Checks, in order: files, tokenizer, weights (config against checkpoint), buffers (the family's
-per-layer buffers, such as Gemma-4's per-layer scalars, present and not reset), artifact (manifest against this environment), port
-(a few greedy tokens against Hugging Face on CPU), then the self-checks of :mod:`neuron_port.selfcheck`:
-embeddings, attention (model directories), logits of every step after the softcap.
+per-layer buffers, such as Gemma-4's per-layer scalars, present and not reset), artifact (manifest
+against this environment), loader (model directories: the library's loader against transformers'
+own ``from_pretrained``, every parameter and buffer; a difference blames the loader, not the
+port), port (a few greedy tokens against that Hugging Face model on CPU), then the self-checks
+of :mod:`neuron_port.selfcheck`: embeddings, attention (model directories), logits of every step
+after the softcap. The reference is always transformers' loading, never this library's.
 """
 
 from __future__ import annotations
@@ -145,22 +148,29 @@ def _probe_prompt(config, family: DecoderFamily, bucket: int) -> list[int]:
 
 
 def _port_model_dir(directory: Path, config, family: DecoderFamily, tokens: int) -> list[Check]:
-    """The port's tokens against Hugging Face, then the self-checks tokens cannot replace."""
+    """The library's loader against transformers' ``from_pretrained`` (the reference), then the
+    port's tokens against that reference and the self-checks tokens cannot replace."""
     from neuron_port.generation import generate
     from neuron_port.layout import describe
     from neuron_port.models import load_model_dir
     from neuron_port.oracle import reference_generate
     from neuron_port.ranks import RankSetup
+    from neuron_port.reference import hf_reference_model
+    from neuron_port.selfcheck import check_loader
     from neuron_port.shapes import PortShape
 
+    reference = hf_reference_model(directory)
     model = load_model_dir(directory)
+    loader = check_loader(model, reference)
+    if loader.status == "fail":
+        return [loader, Check("port", "skip", "the port would be built over the wrongly loaded model: fix the loader first")]
     prompt = _probe_prompt(config, family, 16)
     shape = PortShape([16], 64)
-    ref = reference_generate(model, prompt, tokens)
+    ref = reference_generate(reference, prompt, tokens)
     setup = RankSetup.for_layout(describe(model), 1)
     got = generate(model, [prompt], tokens, shape=shape, setup=setup, keep_logits=True)
-    checks, _ = model_self_checks(model, setup, shape, prompt, got.tokens[0], got.step_logits)
-    return [_port_verdict(got.tokens[0], ref), *checks]
+    checks, _ = model_self_checks(model, setup, shape, prompt, got.tokens[0], got.step_logits, reference=reference)
+    return [loader, _port_verdict(got.tokens[0], ref), *(c for c in checks if c.name != "loader")]
 
 
 def _port_artifact(directory: Path, config, family: DecoderFamily, tokens: int) -> list[Check]:
@@ -187,7 +197,8 @@ def _port_verdict(got: list[int], ref: dict) -> Check:
         return Check("port", "pass", f"{len(got)} greedy tokens equal Hugging Face generate on CPU")
     kind = div["kind"] if div["kind"] != "length differs" else "length"
     return Check("port", "fail", f"first divergence at token {div['index']} ({kind})",
-                 "the CPU reference itself is healthy (earlier checks passed): suspect the port/graphs or the runtime")
+                 "the reference is transformers' own from_pretrained and the earlier checks passed: suspect the "
+                 "port/graphs or the runtime")
 
 
 def run_doctor(directory: str | Path, tokens: int = 8) -> list[Check]:

@@ -3,7 +3,8 @@
 ``write_model_dir`` writes ``config.json`` and ``model.safetensors`` of a text CausalLM (buffers
 included), plus a word-level tokenizer built with the ``tokenizers`` library whose vocabulary
 matches the model's: ids 0-5 are ``<pad>``, ``<eos>``, ``<bos>``, ``<unk>`` (Gemma's pad 0,
-eos 1, bos 2), ``<start_of_turn>``, ``<end_of_turn>`` (for the chat template); the rest are words. Like Gemma's, the tokenizer does not add BOS itself.
+eos 1, bos 2), ``<start_of_turn>``, ``<end_of_turn>`` (for the chat template); the rest are words. Like Gemma's, the
+tokenizer puts BOS first itself (its post-processor), as transformers' own tokenizer of the files does.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from torch import nn
 
 from neuron_port.models import save_model_dir
@@ -43,6 +44,10 @@ def build_tokenizer(vocab_size: int) -> Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
     tok.add_special_tokens(SPECIALS)
+    # Like Gemma's tokenizer.json: the post-processor puts <bos> first, so transformers' tokenizer
+    # and this one agree on every prompt's ids.
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A $B",
+                                                       special_tokens=[("<bos>", SPECIALS.index("<bos>"))])
     return tok
 
 

@@ -24,6 +24,22 @@ from neuron_port.errors import ConfigError
 from neuron_port.families import family_for, family_of
 
 
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
+"""``--dtype`` names -> torch dtypes: float32 (the CPU reference's) and bfloat16 (what Inferentia2 runs)."""
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    """``"fp32"``/``"bf16"`` (or ``"float32"``, ``"torch.bfloat16"``, a torch dtype) -> the torch dtype."""
+    if isinstance(name, torch.dtype):
+        return name
+    text = str(name).removeprefix("torch.")
+    aliases = {"float32": "fp32", "bfloat16": "bf16"}
+    key = aliases.get(text, text)
+    if key not in DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, found {name!r}")
+    return DTYPES[key]
+
+
 def force_eager(config: Any, implementation: str = "eager") -> None:
     """Set the attention implementation on a config and on its text part."""
     family_for(config.model_type).set_attention_implementation(config, implementation)
@@ -54,7 +70,8 @@ def model_from_name(name: str, tiny: bool = False, seed: int = 0, dtype: torch.d
     return build_model(load_config(name, tiny=tiny), seed=seed, dtype=dtype)
 
 
-def load_source(name: str, tiny: bool = False, seed: int = 0) -> tuple[nn.Module, dict[str, Any]]:
+def load_source(name: str, tiny: bool = False, seed: int = 0,
+                dtype: torch.dtype = torch.float32) -> tuple[nn.Module, dict[str, Any]]:
     """The model for ``name`` and the record of where its weights came from.
 
     The record (``{"kind": "dir", "path"}`` or ``{"kind": "shipped", "name", "tiny", "seed"}``)
@@ -62,8 +79,9 @@ def load_source(name: str, tiny: bool = False, seed: int = 0) -> tuple[nn.Module
     """
     path = Path(name)
     if path.is_dir():
-        return model_from_name(name), {"kind": "dir", "path": str(path.resolve())}
-    return model_from_name(name, tiny=tiny, seed=seed), {"kind": "shipped", "name": name, "tiny": tiny, "seed": seed}
+        return model_from_name(name, dtype=dtype), {"kind": "dir", "path": str(path.resolve())}
+    return (model_from_name(name, tiny=tiny, seed=seed, dtype=dtype),
+            {"kind": "shipped", "name": name, "tiny": tiny, "seed": seed})
 
 
 def read_checkpoint(model_dir: str | Path, family=None) -> dict[str, torch.Tensor]:
@@ -86,14 +104,50 @@ def read_checkpoint(model_dir: str | Path, family=None) -> dict[str, torch.Tenso
     return state
 
 
+def nonpersistent_buffer_owners(model: nn.Module) -> dict[str, nn.Module]:
+    """Modules that own a non-persistent buffer (RoPE tables, embedding scales), by module name.
+
+    No checkpoint holds these buffers, so a model built on the meta device and ``to_empty``-ed
+    has uninitialised memory in them until something computes them again."""
+    persistent = set(model.state_dict())
+    owners: dict[str, nn.Module] = {}
+    for name, module in model.named_modules():
+        for attr, buf in module.named_buffers(recurse=False):
+            if buf is not None and (f"{name}.{attr}" if name else attr) not in persistent:
+                owners[name] = module
+    return owners
+
+
+@torch.no_grad()
+def init_nonpersistent_buffers(model: nn.Module, config: Any) -> list[str]:
+    """Compute every non-persistent buffer again, for any family: transformers' own rule.
+
+    ``from_pretrained`` builds on the meta device too and then runs the model's ``_init_weights``
+    on each module whose tensors were not loaded; this does the same for each module that owns a
+    non-persistent buffer (its parameters are overwritten by the checkpoint afterwards), then
+    lets the family adapter finish (:meth:`DecoderFamily.reinit_nonpersistent`). Returns the
+    owning modules' names."""
+    owners = nonpersistent_buffer_owners(model)
+    init = getattr(model, "_init_weights", None)
+    if init is not None:
+        for module in owners.values():
+            init(module)
+    family_of(model).reinit_nonpersistent(model, config)
+    return sorted(owners)
+
+
 def load_model_dir(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """A CausalLM from a local directory, persistent buffers restored from the checkpoint."""
+    """A CausalLM from a local directory: built on the meta device (no random initialisation),
+    non-persistent buffers computed as transformers computes them, then every parameter and
+    persistent buffer read from the checkpoint. :mod:`neuron_port.loader_check` proves the result
+    equals ``from_pretrained``'s."""
     config = load_config(model_dir)
     family = family_for(config.model_type)
     force_eager(config)
     with torch.device("meta"):
         model = family.causal_lm_class(config.model_type)(config)
     model = model.to_empty(device="cpu")
+    init_nonpersistent_buffers(model, config)
     state = read_checkpoint(model_dir, family)
     head_key = family.lm_head_key()
     if head_key not in state and family.tied_embeddings(config) and family.word_embedding_key() in state:
@@ -105,8 +159,6 @@ def load_model_dir(model_dir: str | Path, dtype: torch.dtype = torch.float32) ->
         raise KeyError(f"{model_dir}: checkpoint lacks parameters {sorted(m for m in missing if m in params)[:5]}")
     model.tie_weights()
     restore_buffers(model, state)
-    # Non-persistent buffers (RoPE tables, embed scales) were never in the checkpoint: recompute them.
-    family.reinit_nonpersistent(model, config)
     return model.to(dtype).eval()
 
 
@@ -132,4 +184,4 @@ def save_model_dir(model: nn.Module, out_dir: str | Path) -> Path:
     return out
 
 
-__all__ = ["force_eager", "build_model", "checkpoint_state", "model_from_name", "load_source", "read_checkpoint", "load_model_dir", "save_model_dir"]
+__all__ = ["DTYPES", "parse_dtype", "force_eager", "nonpersistent_buffer_owners", "init_nonpersistent_buffers", "build_model", "checkpoint_state", "model_from_name", "load_source", "read_checkpoint", "load_model_dir", "save_model_dir"]

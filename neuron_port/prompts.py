@@ -1,8 +1,9 @@
 """Prompts as token ids: seeded random ones for random-weight checks, or text through a tokenizer.
 
-Both put the family's BOS first when it has one (taken from the config, never a literal) and
-the tokenizer does not add it itself (:func:`bos_prefix`), so the port and the Hugging Face
-reference always see the same ids, and never two BOS.
+A random prompt puts the family's BOS first when it has one (the config's id, never a literal). A
+text prompt is the model's tokenizer's own encoding, special tokens as its ``tokenizer.json``
+adds them: transformers' rule, so the port and Hugging Face always see the same ids (SmolLM2's
+tokenizer adds no BOS, Gemma's adds one) and never two BOS.
 """
 
 from __future__ import annotations
@@ -42,14 +43,14 @@ def random_prompt(vocab_size: int, length: int, seed: int = 0, bos: int | None =
     return ids
 
 
-def text_prompt(tokenizer_dir: str | Path, text: str, bos: int | None = None) -> list[int]:
-    """``text`` tokenised with ``tokenizer_dir``'s tokenizer.json; BOS first when given and the
-    tokenizer does not add it."""
+def text_prompt(tokenizer_dir: str | Path, text: str) -> list[int]:
+    """``text`` tokenised with ``tokenizer_dir``'s tokenizer.json, special tokens as it adds them
+    (what ``AutoTokenizer.from_pretrained(tokenizer_dir)(text).input_ids`` gives)."""
     tok = load_tokenizer(tokenizer_dir)
     if tok is None:
         raise PromptError(f"a text prompt needs a tokenizer.json in {tokenizer_dir}; it has none. "
                           "Use --prompt-len N for random prompt tokens.")
-    return bos_prefix(tok, bos) + tok.encode(text).ids
+    return tok.encode(text).ids
 
 
 __all__ = ["PromptError", "bos_prefix", "random_prompt", "text_prompt"]

@@ -121,9 +121,11 @@ def _load(source: ModelSource) -> nn.Module | None:
     return load_model_dir(source) if isinstance(source, (str, Path)) else source
 
 
-def _gloo_rank(fn: Callable[[Rank], Any], setup: RankSetup, model_dir: str | None, rank: int, reduce: Reduce) -> Any:
-    """One gloo process: load the weights, take its shard, run ``fn`` (module level: spawn imports it)."""
-    model = load_model_dir(model_dir) if model_dir is not None else None
+def _gloo_rank(fn: Callable[[Rank], Any], setup: RankSetup, model_dir: str | None, dtype: str, rank: int,
+               reduce: Reduce) -> Any:
+    """One gloo process: load the weights (in ``dtype``, the model's), take its shard, run ``fn``
+    (module level: spawn imports it)."""
+    model = load_model_dir(model_dir, dtype=getattr(torch, dtype)) if model_dir is not None else None
     return fn(make_rank(setup, rank, reduce, model, inplace=True))
 
 
@@ -146,10 +148,11 @@ def run_ranks(fn: Callable[[Rank], Any], setup: RankSetup, model: ModelSource = 
         raise ValueError(f"mode must be 'threads' or 'gloo', found {mode!r}")
     if not isinstance(model, nn.Module):
         directory = str(model) if model is not None else None
-        return run_gloo(functools.partial(_gloo_rank, fn, setup, directory), setup.tp, timeout_s)
+        return run_gloo(functools.partial(_gloo_rank, fn, setup, directory, "float32"), setup.tp, timeout_s)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     with tempfile.TemporaryDirectory(prefix="neuron_port_model_") as directory:
         save_model_dir(model, directory)
-        return run_gloo(functools.partial(_gloo_rank, fn, setup, directory), setup.tp, timeout_s)
+        return run_gloo(functools.partial(_gloo_rank, fn, setup, directory, dtype), setup.tp, timeout_s)
 
 
 __all__ = ["RankSetup", "Rank", "Mode", "ModelSource", "check_setup_matches", "make_rank", "run_ranks"]

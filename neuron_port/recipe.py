@@ -27,20 +27,28 @@ def recipe_parser(description: str, tp: int | None = None) -> argparse.ArgumentP
     ap.add_argument("--prompt-len", type=int, default=24)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--serve", action="store_true", help="serve the artifact over HTTP afterwards")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                    help="dtype of the graphs, weights and KV store (Inferentia2 runs bf16; the check's logit bound "
+                         "follows the dtype)")
     return ap
 
 
-def load_checked(name: str, model_dir: str | None) -> tuple[Any, dict[str, Any]]:
-    """Real weights from ``model_dir`` (buffers audited against the checkpoint) or tiny random ones.
+def load_checked(name: str, model_dir: str | None, dtype: str = "fp32") -> tuple[Any, dict[str, Any]]:
+    """Real weights from ``model_dir`` (every parameter and buffer checked against transformers'
+    own ``from_pretrained``) or tiny random ones, in ``dtype`` (``fp32`` or ``bf16``).
 
-    Returns the model and its source record; prints which buffers, if any, differ from the checkpoint.
-    """
-    from neuron_port.buffers import audit_buffers
-    from neuron_port.models import load_source, read_checkpoint
+    Returns the model and its source record; prints which tensors, if any, differ."""
+    from neuron_port.models import load_source, parse_dtype
 
-    model, source = load_source(model_dir or name, tiny=model_dir is None)
-    problems = audit_buffers(model, read_checkpoint(model_dir)) if model_dir else []
-    print(f"[load] buffers differing from the checkpoint: {[str(p) for p in problems] or 'none'}")
+    model, source = load_source(model_dir or name, tiny=model_dir is None, dtype=parse_dtype(dtype))
+    if model_dir:
+        from neuron_port.loader_check import loader_mismatches
+        from neuron_port.reference import hf_reference_model
+
+        problems = loader_mismatches(model, hf_reference_model(model_dir))
+        print(f"[load] tensors differing from transformers' from_pretrained: {[str(p) for p in problems] or 'none'}")
+    else:
+        print("[load] buffers differing from the checkpoint: none")
     return model, source
 
 

@@ -107,12 +107,15 @@ def _fresh_main(request_path: str, result_path: str) -> None:
 
 
 def check_in_fresh_process(directory: str | Path, prompt_len: int = 24, max_new_tokens: int = 32,
-                           timeout_s: float = 900) -> dict[str, Any]:
-    """:func:`check_artifact` in a new Python process, from the directory alone.
+                           timeout_s: float = 900, prompt: Sequence[int] | None = None,
+                           stop_ids: Sequence[int] = ()) -> dict[str, Any]:
+    """:func:`check_artifact` in a new Python process, from the directory alone (``prompt``: ids
+    to use instead of a random prompt of ``prompt_len``; ``stop_ids``: end-of-sequence ids).
 
     Returns its result (``seq_match``, ``tokens``, ``reference_tokens``, ``decode_tok_per_s``,
     ...). Raises ArtifactError with the child's message if it failed."""
-    request = {"directory": str(Path(directory).resolve()), "prompt_len": prompt_len, "max_new_tokens": max_new_tokens}
+    request = {"directory": str(Path(directory).resolve()), "prompt_len": prompt_len, "max_new_tokens": max_new_tokens,
+               "prompt": list(prompt) if prompt is not None else None, "stop_ids": list(stop_ids)}
     with tempfile.TemporaryDirectory(prefix="neuron_port_check_") as tmp:
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
         request_path.write_text(json.dumps(request))

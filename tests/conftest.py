@@ -41,3 +41,30 @@ def pytest_collection_modifyitems(config, items):
         for marker, skip in skips.items():
             if marker in item.keywords:
                 item.add_marker(skip)
+
+
+REQUIRE_PRETRAINED = "NEURON_PORT_REQUIRE_PRETRAINED"
+
+
+def pretrained_or_skip(name: str):
+    """The local HF directory of real checkpoint ``name`` (neuron_port.pretrained), built once per
+    cache; skipped with a one-line reason when its packages are absent, unless
+    NEURON_PORT_REQUIRE_PRETRAINED=1 (CI), where that is a failure."""
+    from neuron_port.pretrained import pretrained_dir, unavailable_reason
+
+    reason = unavailable_reason(name)
+    if reason:
+        if os.environ.get(REQUIRE_PRETRAINED) == "1":
+            pytest.fail(f"{REQUIRE_PRETRAINED}=1 but {reason}")
+        pytest.skip(reason)
+    return pretrained_dir(name)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    return pretrained_or_skip("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def gemma3_dir():
+    return pretrained_or_skip("gemma3-270m")

@@ -72,8 +72,8 @@ def test_plugin_adapter_ports_a_model_dir(helium, tp):
     out = _json(run_cli_process("port", str(model_dir), "--tp", str(tp), "--ignore-eos", "--max-new-tokens", "16",
                                 "--check", "--json", env=env))
     assert out["seq_match"] is True and out["new_tokens"] == 16
-    assert {c["name"]: c["status"] for c in out["self_checks"]} == {"embeddings": "pass", "attention": "pass",
-                                                                     "logits": "pass"}
+    assert {c["name"]: c["status"] for c in out["self_checks"]} == {"loader": "pass", "embeddings": "pass",
+                                                                     "attention": "pass", "logits": "pass"}
     assert len(set(out["tokens"])) > 2  # not one repeated token
 
 

@@ -49,23 +49,33 @@ def test_a_family_without_a_format_and_no_template_is_a_clear_error():
 
 
 def test_bos_is_prepended_only_when_the_tokenizer_does_not_add_it():
-    demo = build_tokenizer(512)
-    assert bos_prefix(demo, 2) == [2] and bos_prefix(demo, None) == []
+    bare = Tokenizer(models.WordLevel({"<bos>": 0, "a": 1, "<unk>": 2}, unk_token="<unk>"))
+    bare.pre_tokenizer = pre_tokenizers.Whitespace()
+    assert bos_prefix(bare, 0) == [0] and bos_prefix(bare, None) == []
     adds = Tokenizer(models.WordLevel({"<bos>": 0, "a": 1, "<unk>": 2}, unk_token="<unk>"))
     adds.pre_tokenizer = pre_tokenizers.Whitespace()
     adds.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 0)])
     assert adds.encode("a").ids == [0, 1]
     assert bos_prefix(adds, 0) == []
+    assert bos_prefix(build_tokenizer(512), 2) == []  # the demo tokenizer puts <bos> first itself, like Gemma's
 
 
-def test_a_text_prompt_never_gets_two_bos(tmp_path):
+def test_a_text_prompt_is_the_tokenizers_own_encoding(tmp_path):
+    """As transformers' tokenizer of the same files: BOS when the tokenizer adds it, never a second one,
+    none when it adds none (SmolLM2's does not)."""
+    from transformers import AutoTokenizer
+
     adds = Tokenizer(models.WordLevel({"<bos>": 0, "a": 1, "<unk>": 2}, unk_token="<unk>"))
     adds.pre_tokenizer = pre_tokenizers.Whitespace()
     adds.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 0)])
     adds.save(str(tmp_path / "tokenizer.json"))
-    assert text_prompt(tmp_path, "a a", bos=0) == [0, 1, 1]
+    assert text_prompt(tmp_path, "a a") == [0, 1, 1] == AutoTokenizer.from_pretrained(str(tmp_path))("a a").input_ids
+    bare = Tokenizer(models.WordLevel({"<bos>": 0, "a": 1, "<unk>": 2}, unk_token="<unk>"))
+    bare.pre_tokenizer = pre_tokenizers.Whitespace()
+    bare.save(str(tmp_path / "tokenizer.json"))
+    assert text_prompt(tmp_path, "a a") == [1, 1] == AutoTokenizer.from_pretrained(str(tmp_path))("a a").input_ids
     build_tokenizer(512).save(str(tmp_path / "tokenizer.json"))
-    assert text_prompt(tmp_path, "hello", bos=2)[0] == 2 and len(text_prompt(tmp_path, "hello", bos=2)) == 2
+    assert text_prompt(tmp_path, "hello")[0] == 2 and len(text_prompt(tmp_path, "hello")) == 2
 
 
 def test_a_stream_that_fails_ends_with_an_error_event_and_done():

@@ -6,20 +6,21 @@ import argparse
 import sys
 from pathlib import Path
 
-from neuron_port.commands.common import add_prompt_options, emit_generation, int_list, print_json, prompt_ids
+from neuron_port.commands.common import (add_dtype_option, add_prompt_options, emit_generation, int_list, print_json,
+                                         prompt_ids)
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
     from neuron_port.artifact_writer import write_artifact
     from neuron_port.backends import require_backend
     from neuron_port.layout import describe
-    from neuron_port.models import load_source
+    from neuron_port.models import load_source, parse_dtype
     from neuron_port.ranks import RankSetup
     from neuron_port.shapes import PortShape
 
     if args.backend == "neuron":
         require_backend(args.backend)
-    model, source = load_source(args.model, tiny=args.tiny, seed=args.seed)
+    model, source = load_source(args.model, tiny=args.tiny, seed=args.seed, dtype=parse_dtype(args.dtype))
     setup = RankSetup.for_layout(describe(model), args.tp)
     tok_dir = args.model if Path(args.model).is_dir() else None
     if tok_dir is not None and not (Path(tok_dir) / "tokenizer.json").is_file():
@@ -28,7 +29,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
               "neuron_port.localdir.write_tokenizer(DIR, vocab_size) writes a demo tokenizer)", file=sys.stderr)
     manifest = write_artifact(args.out, model, source, setup, PortShape(args.buckets, args.kv_lens), args.backend,
                               args.batch, tok_dir)
-    summary = {k: manifest[k] for k in ("backend", "tp", "buckets", "kv_lens", "batch", "weights_fingerprint")}
+    summary = {k: manifest[k] for k in ("backend", "tp", "buckets", "kv_lens", "batch", "dtype", "weights_fingerprint")}
     summary["out"] = str(Path(args.out).resolve())
     summary["files"] = len(manifest["files"])
     if args.json:
@@ -39,19 +40,30 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from neuron_port.artifact import verify
+    from neuron_port.artifact import ArtifactError, verify
     from neuron_port.artifact_reader import reference_model
+    from neuron_port.chat import stop_token_ids
+    from neuron_port.tokenizer import decode_completion
+    from neuron_port.models import parse_dtype
     from neuron_port.configs import load_config
     from neuron_port.families import family_for
     from neuron_port.validation import artifact_self_checks, compare_with_reference, run_artifact
 
     manifest = verify(args.dir, args.allow_version_mismatch)
+    if args.dtype is not None and parse_dtype(args.dtype) != parse_dtype(manifest.get("dtype", "float32")):
+        raise ArtifactError(f"--dtype {args.dtype}: the artifact {args.dir} was compiled in {manifest.get('dtype')}; "
+                            f"compile it again with --dtype {args.dtype}, or drop --dtype")
     config = load_config(Path(args.dir) / "config.json")
     family = family_for(config.model_type)
     special = family.special_ids(config)
     prompt = prompt_ids(args, args.dir, family.vocab_size(config), special.bos)
-    stop_ids = list(special.eos) if args.stop_at_eos else []
+    texts = args.prompt is not None or args.chat is not None
+    stop_on_eos = texts if args.stop_at_eos is None else args.stop_at_eos
+    stop_ids = stop_token_ids(args.dir, special.eos, args.chat is not None) if stop_on_eos else []
     out = run_artifact(args.dir, prompt, args.max_new_tokens, stop_ids, manifest, keep_logits=args.check)
+    out["dtype"] = manifest.get("dtype")
+    if texts:
+        out["text"] = decode_completion(args.dir, out["tokens"], stop_ids)
     if args.check:
         reference = reference_model(manifest)
         out = artifact_self_checks(args.dir, manifest, reference, prompt, out)
@@ -72,6 +84,7 @@ def add(sub) -> None:
     p.add_argument("--buckets", type=int_list, default=[32, 64, 128])
     p.add_argument("--kv-lens", type=int_list, default=[256], help="KV lengths, e.g. 128,256")
     p.add_argument("--batch", type=int, default=1, help="batch size the graphs are compiled for")
+    add_dtype_option(p, "of the graphs, weights, host embeddings and KV store")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_compile)
 
@@ -79,7 +92,14 @@ def add(sub) -> None:
     p.add_argument("dir")
     add_prompt_options(p, default_tokens=32)
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt")
-    p.add_argument("--stop-at-eos", action="store_true")
+    eos = p.add_mutually_exclusive_group()
+    eos.add_argument("--stop-at-eos", dest="stop_at_eos", action="store_true", default=None,
+                     help="stop at the end-of-sequence ids (config, generation_config.json; with --chat the turn's "
+                          "end): the default for --prompt and --chat")
+    eos.add_argument("--ignore-eos", dest="stop_at_eos", action="store_false",
+                     help="never stop at end-of-sequence (the default for --prompt-len random prompts)")
+    p.add_argument("--dtype", default=None, choices=["fp32", "bf16"],
+                   help="the dtype the artifact must have been compiled in (an artifact keeps its own; default: any)")
     p.add_argument("--check", action="store_true", help="compare with HF generate on the artifact's own checkpoint and run the "
                    "self-checks an artifact allows (host embedding files, every step's logits)")
     p.add_argument("--allow-version-mismatch", action="store_true",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -24,12 +25,24 @@ def int_list(text: str) -> list[int]:
 
 
 def prompt_ids(args: argparse.Namespace, source: str, vocab: int, bos: int | None) -> list[int]:
-    """``--prompt TEXT`` tokenised with ``source``'s tokenizer.json, or ``--prompt-len`` seeded
-    random ids; BOS first when the family has one."""
-    from neuron_port.prompts import random_prompt, text_prompt
+    """``--chat MESSAGE`` through ``source``'s chat format, ``--prompt TEXT`` tokenised with its
+    tokenizer.json (special tokens as the tokenizer adds them), or ``--prompt-len`` seeded random
+    ids with ``bos`` first."""
+    from neuron_port.prompts import PromptError, random_prompt, text_prompt
 
+    if getattr(args, "chat", None) is not None:
+        from neuron_port.chat import chat_format
+        from neuron_port.configs import load_config
+        from neuron_port.families import family_for
+        from neuron_port.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(source) if Path(source).exists() else None
+        if tok is None:
+            raise PromptError(f"--chat needs a tokenizer.json in {source}; it has none")
+        fmt = chat_format(family_for(load_config(source).model_type), tok, source)
+        return fmt.encode([{"role": "user", "content": args.chat}], tok, bos)
     if args.prompt is not None:
-        return text_prompt(source, args.prompt, bos)
+        return text_prompt(source, args.prompt)
     return random_prompt(vocab, args.prompt_len, args.seed, bos)
 
 
@@ -53,7 +66,15 @@ def add_prompt_options(p: argparse.ArgumentParser, default_tokens: int) -> None:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--prompt-len", type=int, default=24, help="random prompt of N tokens (BOS first)")
     group.add_argument("--prompt", default=None, help="prompt text (needs tokenizer.json next to the model)")
+    group.add_argument("--chat", default=None, metavar="MESSAGE",
+                       help="one user message through the model's chat template (chat_template.jinja or "
+                            "tokenizer_config.json; else its family's format), for instruct models")
     p.add_argument("--max-new-tokens", type=int, default=default_tokens)
 
 
-__all__ = ["print_json", "int_list", "prompt_ids", "emit_generation", "add_prompt_options"]
+def add_dtype_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                   help=f"dtype {what}; the host softcap and sampling stay float32 (default fp32)")
+
+
+__all__ = ["print_json", "int_list", "prompt_ids", "emit_generation", "add_prompt_options", "add_dtype_option"]

@@ -6,15 +6,18 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from neuron_port.commands.common import add_prompt_options, emit_generation, int_list, prompt_ids
+from neuron_port.commands.common import add_dtype_option, add_prompt_options, emit_generation, int_list, prompt_ids
 
 
 def _cmd_port(args: argparse.Namespace) -> int:
+    from neuron_port.chat import stop_token_ids
     from neuron_port.generation import generate
     from neuron_port.kvcache import naive_kv_bytes
     from neuron_port.layout import describe
-    from neuron_port.models import model_from_name
+    from neuron_port.models import model_from_name, parse_dtype
     from neuron_port.ranks import RankSetup
+    from neuron_port.reference import reference_for_source
+    from neuron_port.tokenizer import decode_completion
     from neuron_port.shapes import PortShape
 
     if args.backend == "neuron":
@@ -25,14 +28,15 @@ def _cmd_port(args: argparse.Namespace) -> int:
         from neuron_port.backends.xla import require_xla
 
         require_xla()  # before any model is built: one line saying how to install it
-    model = model_from_name(args.model, tiny=args.tiny, seed=args.seed)
+    model = model_from_name(args.model, tiny=args.tiny, seed=args.seed, dtype=parse_dtype(args.dtype))
     setup = RankSetup.for_layout(describe(model), args.tp)
     family = setup.layout.family
     config = family.text_config_of(model)
     special = family.special_ids(config)
+    is_dir = Path(args.model).is_dir()
     # A random-weight model's end-of-sequence token is noise: stop on it only for real weights.
-    stop_on_eos = Path(args.model).is_dir() if args.stop_at_eos is None else args.stop_at_eos
-    stop_ids = list(special.eos) if stop_on_eos else []
+    stop_on_eos = is_dir if args.stop_at_eos is None else args.stop_at_eos
+    stop_ids = stop_token_ids(args.model if is_dir else None, special.eos, args.chat is not None) if stop_on_eos else []
     prompt = prompt_ids(args, args.model, family.vocab_size(config), special.bos)
     prompts = [prompt[: max(1, len(prompt) - 3 * row)] for row in range(args.batch)]
     layout = setup.layout
@@ -49,6 +53,7 @@ def _cmd_port(args: argparse.Namespace) -> int:
                           keep_logits=args.check)
     out: dict[str, Any] = {
         "model": args.model, "tiny": args.tiny, "backend": args.backend, "tp": args.tp, "batch": args.batch,
+        "dtype": args.dtype,
         "prompt_tokens": len(prompt),
         "new_tokens": len(result.tokens[0]),
         "tokens": result.tokens[0],
@@ -67,19 +72,26 @@ def _cmd_port(args: argparse.Namespace) -> int:
         out["xla"] = lowering
     if args.batch > 1:
         out["rows"] = [{"prompt_tokens": len(p), "tokens": t} for p, t in zip(prompts, result.tokens)]
+    if is_dir and (args.prompt is not None or args.chat is not None):
+        out["text"] = decode_completion(args.model, result.tokens[0], stop_ids)
     if args.check:
-        _check_rows(out, model, prompts, result.tokens, args.max_new_tokens, stop_ids)
-        _self_checks(out, model, setup, shape, prompts[0], result, args.logit_tolerance)
+        # The oracle: Hugging Face's own loading of a directory, float32 (never this library's loader).
+        fp32_shipped = not is_dir and args.dtype == "fp32"
+        reference = model if fp32_shipped else reference_for_source(args.model, tiny=args.tiny, seed=args.seed)
+        _check_rows(out, reference, prompts, result.tokens, args.max_new_tokens, stop_ids)
+        _self_checks(out, model, reference, setup, shape, prompts[0], result, args.logit_tolerance, args.dtype)
     return emit_generation(out, args)
 
 
-def _self_checks(out: dict[str, Any], model, setup, shape, prompt: list[int], result, tolerance: float | None) -> None:
-    """What greedy tokens cannot see: host embeddings, the attention function inside the graphs,
-    and every step's logits after the softcap (row 0)."""
-    from neuron_port.selfcheck import LOGIT_TOLERANCE, model_self_checks, result_fields
+def _self_checks(out: dict[str, Any], model, reference, setup, shape, prompt: list[int], result, tolerance: float | None,
+                 dtype: str) -> None:
+    """What greedy tokens cannot see: the loader (against ``reference``), host embeddings, the
+    attention function inside the graphs, and every step's logits after the softcap (row 0)."""
+    from neuron_port.selfcheck import logit_tolerance_for, model_self_checks, result_fields
 
-    tolerance = LOGIT_TOLERANCE if tolerance is None else tolerance
-    checks, report = model_self_checks(model, setup, shape, prompt, result.tokens[0], result.step_logits, tolerance)
+    tolerance = logit_tolerance_for("cpu", dtype) if tolerance is None else tolerance
+    checks, report = model_self_checks(model, setup, shape, prompt, result.tokens[0], result.step_logits, tolerance,
+                                       reference=reference)
     out.update(result_fields(checks, report))
 
 
@@ -122,7 +134,9 @@ def add(sub) -> None:
                    "the self-checks (host embeddings, attention function, every step's logits)")
     p.add_argument("--logit-tolerance", type=float, default=None,
                    help="--check: largest step logit error allowed, relative to the largest reference logit "
-                        "(default: neuron_port.selfcheck.LOGIT_TOLERANCE, 1e-3)")
+                        "(default: neuron_port.selfcheck.logit_tolerance_for the dtype: 1e-3 for fp32, the "
+                        "measured bf16 bound for bf16)")
+    add_dtype_option(p, "of the graphs, weights and KV store")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_port)
 

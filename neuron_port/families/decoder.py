@@ -189,6 +189,11 @@ class DecoderFamily:
         pad = getattr(config, "pad_token_id", None)
         return SpecialIds(int(bos) if bos is not None else None, eos_ids, int(pad) if pad is not None else None)
 
+    def generation_eos_ids(self, generation_config: dict[str, Any]) -> tuple[int, ...]:
+        """End-of-sequence ids of a ``generation_config.json`` dict (one id or a list; () when absent)."""
+        eos = generation_config.get("eos_token_id")
+        return (eos,) if isinstance(eos, int) else tuple(int(e) for e in eos) if isinstance(eos, list) else ()
+
     def generation_kwargs(self, config: Any, stop_ids: list[int]) -> dict[str, Any]:
         """Keyword arguments of Hugging Face ``generate`` for a greedy reference run that stops on
         ``stop_ids`` only (none: run to the token limit)."""
@@ -325,9 +330,11 @@ class DecoderFamily:
         return {}
 
     def reinit_nonpersistent(self, model: nn.Module, config: Any) -> None:
-        """Recompute buffers a checkpoint never holds (RoPE tables) after an empty-weights load."""
+        """After the model's own ``_init_weights`` (:func:`neuron_port.models.init_nonpersistent_buffers`),
+        finish never-saved buffers; the default rebuilds the RoPE module from the config."""
         text = self.text_model(model)
-        text.rotary_emb = type(text.rotary_emb)(config)
+        if hasattr(text, "rotary_emb"):
+            text.rotary_emb = type(text.rotary_emb)(config)
 
     # ---- chat format ----------------------------------------------------------------------------
     # Token strings that end an assistant turn (resolved to ids through the model's tokenizer).

@@ -59,9 +59,13 @@ def prompt_ids(served: Served, body: CommonFields) -> list[int]:
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
         try:
             text = served.chat.render(messages)
+            text.encode("utf-8")
+            ids = served.chat.encode(messages, served.tokenizer, served.bos_id)
+        except UnicodeEncodeError as exc:
+            raise Rejected(400, f"messages is not valid unicode text ({exc.reason} at position {exc.start})",
+                           param="messages") from None
         except ValueError as exc:
             raise Rejected(400, str(exc), param="messages") from None
-        ids = _encoded(served, text, "messages")
     else:
         ids = list(body.prompt) if isinstance(body.prompt, list) else _encoded(served, body.prompt, "prompt")
     if not ids:

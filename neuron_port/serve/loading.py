@@ -19,7 +19,7 @@ from neuron_port.errors import NeuronPortError
 from neuron_port.port import Port
 from neuron_port.runtime import Generator
 from neuron_port.prompts import bos_prefix
-from neuron_port.serve.chat import ChatFormat, chat_format
+from neuron_port.chat import ChatFormat, chat_format, generation_eos_ids
 from neuron_port.shapes import PortShape
 from neuron_port.tokenizer import load_tokenizer
 
@@ -38,12 +38,13 @@ class Served:
     buckets: list[int]
     chat: ChatFormat
     kv_len: int = 0  # the longest a request can grow (prompt + new tokens)
+    bos_id: int | None = None
 
     def encode(self, text: str) -> list[int]:
-        """Prompt ids of ``text``: BOS (when the tokenizer does not add it) then the tokens."""
+        """Prompt ids of ``text``: the tokenizer's own encoding (special tokens as it adds them)."""
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer: send the prompt as a list of token ids")
-        return self.bos_prefix + self.tokenizer.encode(text).ids
+        return self.tokenizer.encode(text).ids
 
 
 def _artifact_port(path: Path, batching: str) -> tuple[Port, Any, int, Any]:
@@ -69,14 +70,15 @@ def _artifact_port(path: Path, batching: str) -> tuple[Port, Any, int, Any]:
     return lockstep.port, config, int(manifest["batch"]), lockstep
 
 
-def _model_port(target: str, tiny: bool, seed: int, shape: PortShape, slim: bool, max_batch: int) -> tuple[Port, Any, int | None]:
+def _model_port(target: str, tiny: bool, seed: int, shape: PortShape, slim: bool, max_batch: int,
+                dtype: str = "fp32") -> tuple[Port, Any, int | None]:
     from neuron_port.backends import get_backend
     from neuron_port.families import family_of
     from neuron_port.layout import describe
-    from neuron_port.models import model_from_name
+    from neuron_port.models import model_from_name, parse_dtype
     from neuron_port.ranks import RankSetup, run_ranks
 
-    model = model_from_name(target, tiny=tiny, seed=seed)
+    model = model_from_name(target, tiny=tiny, seed=seed, dtype=parse_dtype(dtype))
     config = family_of(model).text_config_of(model)
     port = run_ranks(lambda rank: Port.for_rank(rank, shape), RankSetup.for_layout(describe(model), 1), model)[0]
     del model
@@ -99,12 +101,13 @@ def _tokenizer(path: Path, tiny: bool, vocab_size: int):
 
 def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = False, max_batch: int = 4,
                 max_queue: int = 64, buckets: Sequence[int] = (32, 64, 128), kv_lens: Sequence[int] = (256, 512),
-                batching: str = "continuous") -> Served:
+                batching: str = "continuous", dtype: str = "fp32") -> Served:
     """A model name, model directory or artifact directory, ready to serve.
 
     Artifacts always run slim (compiled graphs + embeddings only). ``slim`` on a model compiles
     TorchScript graphs for ``max_batch`` rows and drops the Hugging Face model from the host.
-    ``batching``: ``continuous`` (``max_batch`` slots; the default) or ``static``.
+    ``batching``: ``continuous`` (``max_batch`` slots; the default) or ``static``. ``dtype``
+    (``fp32`` or ``bf16``) is a model's graphs, weights and KV store; an artifact keeps its own.
     """
     if batching not in ("continuous", "static"):
         raise ValueError(f"batching must be 'continuous' or 'static', found {batching!r}")
@@ -113,7 +116,7 @@ def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = Fal
     if (path / "manifest.json").exists():
         port, config, fixed, lockstep = _artifact_port(path, batching)
     else:
-        port, config, fixed = _model_port(target, tiny, seed, PortShape(buckets, kv_lens), slim, max_batch)
+        port, config, fixed = _model_port(target, tiny, seed, PortShape(buckets, kv_lens), slim, max_batch, dtype)
     family = port.layout.family
     special = family.special_ids(config)
     tokenizer = _tokenizer(path, tiny, port.layout.vocab_size)
@@ -125,9 +128,10 @@ def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = Fal
         engine = Engine(port, tokenizer, slots=fixed or max_batch, max_queue=max_queue, pad_id=special.pad or 0,
                         lockstep=lockstep)
     name = path.name if path.is_dir() else target
-    return Served(name, engine, tokenizer, family.vocab_size(config), bos_prefix(tokenizer, special.bos), special.eos,
+    eos = tuple(dict.fromkeys((*special.eos, *generation_eos_ids(path if path.is_dir() else None, family))))
+    return Served(name, engine, tokenizer, family.vocab_size(config), bos_prefix(tokenizer, special.bos), eos,
                   max(port.buckets), port.buckets, chat_format(family, tokenizer, path if path.is_dir() else None),
-                  port.kv_len)
+                  port.kv_len, special.bos)
 
 
 __all__ = ["Served", "load_served"]

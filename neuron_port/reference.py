@@ -1,0 +1,61 @@
+"""The oracle: a model directory loaded by Hugging Face itself, never by this library.
+
+Every check of a port against a real checkpoint (``port --check``, ``generate --check``, the
+fresh-process check, ``doctor``) compares with the model :func:`hf_reference_model` returns:
+transformers' own ``from_pretrained`` of the directory, eager attention, on CPU. The library's
+loader (:func:`neuron_port.models.load_model_dir`) is checked against it
+(:mod:`neuron_port.loader_check`), so a loader bug shows as a loader finding instead of being
+shared by the port and its oracle.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from neuron_port.configs import load_config_dict
+from neuron_port.errors import ConfigError
+from neuron_port.families import family_for
+
+
+def hf_reference_model(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """``from_pretrained`` of ``model_dir`` with the family's CausalLM class (eager attention, ``dtype``).
+
+    A multimodal checkpoint gives its text CausalLM: the class is the text one, and transformers
+    maps the wrapper's checkpoint keys to it."""
+    import json
+
+    directory = Path(model_dir)
+    text = load_config_dict(directory)
+    family = family_for(text["model_type"])
+    cls = family.causal_lm_class(text["model_type"])
+    raw = json.loads((directory / "config.json").read_text())
+    kwargs = {} if raw.get("model_type") == text["model_type"] else {"config": family.make_config(text)}
+    try:
+        model = cls.from_pretrained(str(directory), dtype=dtype, attn_implementation="eager", **kwargs)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"transformers could not load {directory} as {cls.__name__}: {exc}") from None
+    family.set_attention_implementation(model.config, "eager")
+    return model.eval()
+
+
+def reference_for_source(name: str | Path, tiny: bool = False, seed: int = 0) -> nn.Module:
+    """The float32 CPU reference of a model source: ``from_pretrained`` of a directory, or the
+    shipped config's Hugging Face class with the seeded random weights (built by transformers'
+    own constructor: no loading involved)."""
+    from neuron_port.configs import load_config
+    from neuron_port.models import build_model
+
+    if Path(name).is_dir():
+        return hf_reference_model(name)
+    return build_model(load_config(str(name), tiny=tiny), seed=seed)
+
+
+def cast_state(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Floating tensors of ``state`` in ``dtype`` (integer ones untouched), as ``model.to(dtype)`` casts them."""
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+
+
+__all__ = ["hf_reference_model", "reference_for_source", "cast_state"]
