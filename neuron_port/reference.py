@@ -20,21 +20,53 @@ from neuron_port.errors import ConfigError
 from neuron_port.families import family_for
 
 
+def _refuse_missing(missing: list[str], directory: Path, cls: type) -> None:
+    """transformers initialises what a checkpoint lacks at random and only logs it: an oracle with
+    random tensors would agree with nothing, or with a port that shares the gap. Refuse instead."""
+    if missing:
+        raise ConfigError(f"transformers' {cls.__name__}.from_pretrained of {directory} found no checkpoint tensor for "
+                          f"{len(missing)} parameters (e.g. {sorted(missing)[:3]}): refusing a reference with random weights")
+
+
 def hf_reference_model(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
     """``from_pretrained`` of ``model_dir`` with the family's CausalLM class (eager attention, ``dtype``).
 
-    A multimodal checkpoint gives its text CausalLM: the class is the text one, and transformers
-    maps the wrapper's checkpoint keys to it."""
+    A multimodal checkpoint is loaded whole by transformers (the class its config names), and its
+    text tensors move, as loaded, into the text CausalLM that transformers builds from the text
+    config (the family adapter names which keys are text). A checkpoint that leaves any parameter
+    to random initialisation is refused."""
     import json
+
+    import transformers
 
     directory = Path(model_dir)
     text = load_config_dict(directory)
     family = family_for(text["model_type"])
     cls = family.causal_lm_class(text["model_type"])
     raw = json.loads((directory / "config.json").read_text())
-    kwargs = {} if raw.get("model_type") == text["model_type"] else {"config": family.make_config(text)}
     try:
-        model = cls.from_pretrained(str(directory), dtype=dtype, attn_implementation="eager", **kwargs)
+        if raw.get("model_type") == text["model_type"]:
+            model, info = cls.from_pretrained(str(directory), dtype=dtype, attn_implementation="eager",
+                                              output_loading_info=True)
+            _refuse_missing(info["missing_keys"], directory, cls)
+        else:
+            wrapper_cls = getattr(transformers, (raw.get("architectures") or [""])[0], None)
+            if wrapper_cls is None:
+                raise ConfigError(f"{directory}/config.json names no transformers class in 'architectures' "
+                                  f"(found {raw.get('architectures')!r}) for its {raw.get('model_type')} checkpoint")
+            wrapper, info = wrapper_cls.from_pretrained(str(directory), dtype=dtype, attn_implementation="eager",
+                                                        output_loading_info=True)
+            _refuse_missing(info["missing_keys"], directory, wrapper_cls)
+            state = {new: v for k, v in wrapper.state_dict().items() if (new := family.normalize_key(k)) is not None}
+            del wrapper
+            config = family.make_config(text)
+            family.set_attention_implementation(config, "eager")
+            model = cls(config).to(dtype)
+            missing, _ = model.load_state_dict(state, strict=False)
+            model.tie_weights()  # a tied head is the word embedding: not missing
+            tied_head = family.lm_head_key() if family.tied_embeddings(config) else None
+            params = dict(model.named_parameters())
+            _refuse_missing([m for m in missing if m in params and m != tied_head], directory, cls)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"transformers could not load {directory} as {cls.__name__}: {exc}") from None
     family.set_attention_implementation(model.config, "eager")

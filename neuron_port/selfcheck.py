@@ -33,9 +33,12 @@ if TYPE_CHECKING:
 
 LOGIT_TOLERANCE = 1e-3
 """Largest |port - reference| logit difference allowed, relative to the reference's largest |logit|."""
-REDUCED_PRECISION_LOGIT_TOLERANCE = 5e-2
-"""The bound for graphs that may compute in bf16 (a Neuron backend's auto-cast, bf16 weights). A loose
-guess, not a measurement: no device ran here. Tighten it once a device run gives the real spread."""
+REDUCED_PRECISION_LOGIT_TOLERANCE = 0.15
+"""The bound for graphs that may compute in bf16 (bf16 weights, a Neuron backend's auto-cast), measured
+by benchmarks/bf16_accuracy.py: over 1,536 steps of 24 real-text prompts on SmolLM2-135M and Gemma-3
+270M the bf16 CPU port's largest error was 0.114 (p99 0.038 and 0.022); this is that with 30 % room.
+Loose enough that it cannot see a missing softcap: the float32 check (1e-3) does. A device run may
+spread further; measure it the same way before changing this (docs/real-checkpoints.md)."""
 EMBEDDING_TOLERANCE = 1e-5
 REDUCED_PRECISION_EMBEDDING_TOLERANCE = 1e-2
 """bf16 host tables against a float32 model: two roundings of 2**-9 each, with room."""

@@ -293,3 +293,29 @@ def test_xla_without_torch_xla_is_one_line_naming_it():
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
     assert res.stderr.startswith("error: backend 'xla' needs torch-xla") and "pip install torch==2.9.0 torch-xla==2.9.0" in res.stderr
+
+
+@pytest.mark.slow
+def test_a_bf16_artifact_is_checked_against_the_float32_reference(tmp_path):
+    """compile --dtype bf16 of a model directory: bf16 files, and generate --check compares with the
+    float32 from_pretrained reference (proven the same checkpoint by the fingerprint of its bf16
+    cast) within the measured bf16 bound; an artifact of another dtype is refused by --dtype."""
+    from neuron_port.localdir import write_model_dir
+    from neuron_port.models import build_model
+    from neuron_port.selfcheck import REDUCED_PRECISION_LOGIT_TOLERANCE
+    from safetensors import safe_open
+
+    model_dir, out = tmp_path / "model", tmp_path / "artifact"
+    write_model_dir(build_model(load_config("gemma-3", tiny=True), seed=2), model_dir)
+    res = run_cli("compile", str(model_dir), "--dtype", "bf16", "--buckets", "16", "--kv-lens", "32", "--out", str(out),
+                  "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["dtype"] == "torch.bfloat16"
+    with safe_open(str(out / "embeddings.safetensors"), framework="pt") as fh:
+        assert {fh.get_tensor(k).dtype for k in fh.keys()} == {torch.bfloat16}
+    checked = json.loads(run_cli("generate", str(out), "--prompt-len", "8", "--max-new-tokens", "6", "--check",
+                                 "--json").stdout)
+    assert checked["self_checks_passed"] is True and checked["dtype"] == "torch.bfloat16"
+    assert checked["logit_check"]["tolerance"] == REDUCED_PRECISION_LOGIT_TOLERANCE
+    refused = run_cli("generate", str(out), "--dtype", "fp32", "--prompt-len", "8", "--max-new-tokens", "2")
+    assert refused.returncode != 0 and "compiled in torch.bfloat16" in refused.stderr

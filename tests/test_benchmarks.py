@@ -49,7 +49,7 @@ def test_every_benchmark_has_a_smoke_test_and_a_readme_entry():
         assert script in readme, f"benchmarks/README.md does not describe {script}"
     # xla_lowering.py needs torch-xla: its smoke test is in tests/test_xla.py (the xla virtualenv)
     tested = {"host_overhead.py", "decode_vs_hf.py", "kv_memory.py", "slim_rss.py", "host_step.py", "cpu_backend.py",
-              "xla_lowering.py", "serve_load.py"}
+              "xla_lowering.py", "serve_load.py", "bf16_accuracy.py"}
     assert set(SCRIPTS) <= tested, f"no smoke test for {set(SCRIPTS) - tested}"
 
 
@@ -111,3 +111,14 @@ def test_serve_load_smoke():
             assert _positive(r["tokens_per_s"], r["ttft_p50_s"], r["latency_p99_s"]) and r["ttft_p99_s"] >= r["ttft_p50_s"]
     assert _positive(out["ratios"]["4"]["ttft_p50_static_over_continuous"])
 
+
+
+@pytest.mark.slow
+def test_bf16_accuracy_smoke(smollm2_dir):
+    out = _run_here("bf16_accuracy.py", "--smoke", "--json")
+    (row,) = out["results"]
+    assert row["model"] == "smollm2-135m" and row["prompts"] == 2 and row["new_tokens"] == 4
+    for dtype in ("bf16", "fp32"):
+        assert 0 <= row[dtype]["identical_share"] <= 1 and row[dtype]["logit_error"]["steps"] == 8
+    # the control is float32, the measured side really bf16
+    assert row["fp32"]["logit_error"]["max"] < 1e-4 < row["bf16"]["logit_error"]["max"]
