@@ -118,16 +118,28 @@ def nonpersistent_buffer_owners(model: nn.Module) -> dict[str, nn.Module]:
     return owners
 
 
+def _buffers_on_cpu(model: nn.Module) -> dict[str, nn.Module]:
+    """Give every buffer of a meta-device model CPU memory (parameters stay on meta); returns the
+    modules that own a buffer, by name."""
+    owners = {}
+    for name, module in model.named_modules():
+        for attr, buf in list(module._buffers.items()):
+            if buf is not None and buf.is_meta:
+                module._buffers[attr] = torch.empty_like(buf, device="cpu")
+                owners[name] = module
+    return owners
+
+
 @torch.no_grad()
-def init_nonpersistent_buffers(model: nn.Module, config: Any) -> list[str]:
-    """Compute every non-persistent buffer again, for any family: transformers' own rule.
+def init_nonpersistent_buffers(model: nn.Module, config: Any, owners: dict[str, nn.Module] | None = None) -> list[str]:
+    """Compute buffers again, for any family: transformers' own rule.
 
     ``from_pretrained`` builds on the meta device too and then runs the model's ``_init_weights``
-    on each module whose tensors were not loaded; this does the same for each module that owns a
-    non-persistent buffer (its parameters are overwritten by the checkpoint afterwards), then
-    lets the family adapter finish (:meth:`DecoderFamily.reinit_nonpersistent`). Returns the
-    owning modules' names."""
-    owners = nonpersistent_buffer_owners(model)
+    on each module whose tensors were not loaded; this does the same for each module in ``owners``
+    (default: those owning a non-persistent buffer; their parameters are the checkpoint's
+    afterwards), then lets the family adapter finish (:meth:`DecoderFamily.reinit_nonpersistent`).
+    Returns the modules' names."""
+    owners = nonpersistent_buffer_owners(model) if owners is None else owners
     init = getattr(model, "_init_weights", None)
     if init is not None:
         for module in owners.values():
@@ -137,28 +149,26 @@ def init_nonpersistent_buffers(model: nn.Module, config: Any) -> list[str]:
 
 
 def load_model_dir(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """A CausalLM from a local directory: built on the meta device (no random initialisation),
-    non-persistent buffers computed as transformers computes them, then every parameter and
-    persistent buffer read from the checkpoint. :mod:`neuron_port.loader_check` proves the result
-    equals ``from_pretrained``'s."""
+    """A CausalLM from a local directory, built without random initialisation or a second copy of
+    the weights: parameters on the meta device, every buffer computed as transformers computes it,
+    then every parameter and persistent buffer taken from the checkpoint as read (``assign``).
+    :mod:`neuron_port.loader_check` proves the result equals ``from_pretrained``'s."""
     config = load_config(model_dir)
     family = family_for(config.model_type)
     force_eager(config)
     with torch.device("meta"):
         model = family.causal_lm_class(config.model_type)(config)
-    model = model.to_empty(device="cpu")
-    init_nonpersistent_buffers(model, config)
+    init_nonpersistent_buffers(model, config, owners=_buffers_on_cpu(model))
     state = read_checkpoint(model_dir, family)
     head_key = family.lm_head_key()
     if head_key not in state and family.tied_embeddings(config) and family.word_embedding_key() in state:
         state[head_key] = state[family.word_embedding_key()]
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=False)
-    missing = [m for m in missing if not m.endswith(family.nonpersistent_suffixes())]
-    params = {n for n, _ in model.named_parameters()}
-    if any(m in params for m in missing):
-        raise KeyError(f"{model_dir}: checkpoint lacks parameters {sorted(m for m in missing if m in params)[:5]}")
+    model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     restore_buffers(model, state)
+    missing = sorted(n for n, p in model.named_parameters() if p.is_meta)
+    if missing:
+        raise KeyError(f"{model_dir}: checkpoint lacks parameters {missing[:5]}")
     return model.to(dtype).eval()
 
 

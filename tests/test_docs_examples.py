@@ -87,13 +87,3 @@ def test_api_reference_lists_every_module_and_name_the_docs_use():
         problems += [f"{module}.{name} is not in its __all__" for name in sorted(names) if name not in public]
     assert not problems, problems
 
-
-@pytest.mark.slow
-def test_real_checkpoint_recipe_prints_the_completions(smollm2_dir, tmp_path):
-    """The real-checkpoint recipe on SmolLM2 (the Gemma-3 270M port is checked in tests/test_pretrained.py)."""
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "port_real_checkpoint.py"), "--models", "smollm2-135m",
-                           "--out", str(tmp_path), "--max-new-tokens", "8"], capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "SEQ_MATCH True" in proc.stdout and "[load] tensors differing from transformers' from_pretrained: none" in proc.stdout
-    assert "[text] 'The capital of France is' -> ' Paris." in proc.stdout
-    assert "[chat] (its chat template)" in proc.stdout and "Paris" in proc.stdout.split("[chat]")[1]

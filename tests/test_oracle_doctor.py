@@ -54,8 +54,8 @@ def _doctor(directory):
 def test_good_directory_passes_every_check(good_dir):
     code, d = _doctor(good_dir)
     assert code == 0 and d["ok"] and d["first_failure"] is None
-    assert [c["name"] for c in d["checks"]] == ["files", "tokenizer", "weights", "buffers", "artifact", "port",
-                                                "embeddings", "attention", "logits"]
+    assert [c["name"] for c in d["checks"]] == ["files", "tokenizer", "weights", "buffers", "artifact", "loader",
+                                                "port", "embeddings", "attention", "logits"]
     assert {c["status"] for c in d["checks"]} == {"pass", "skip"}
     assert all(c["status"] == "pass" for c in d["checks"][-4:])
     text = run_cli("doctor", str(good_dir)).stdout

@@ -10,6 +10,9 @@ turns that skip into a failure.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +23,7 @@ from neuron_port.reference import hf_reference_model
 from tests.helpers import ServerProcess, run_cli, run_cli_json
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "The capital of France is"
 QUESTION = "What is the capital of France?"
 
@@ -97,11 +101,27 @@ def test_port_check_in_bf16_within_the_measured_tolerance(name, request):
 
 
 @pytest.fixture(scope="module")
-def smollm2_artifact(smollm2_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("smollm2") / "artifact"
-    res = run_cli("compile", str(smollm2_dir), "--out", str(out), "--buckets", "64", "--kv-lens", "128")
-    assert res.returncode == 0, res.stderr
-    return out
+def smollm2_recipe(smollm2_dir, tmp_path_factory):
+    """examples/port_real_checkpoint.py on SmolLM2, as a user runs it; its output and its artifact
+    (which the generate and serve tests below load)."""
+    out = tmp_path_factory.mktemp("recipe")
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "port_real_checkpoint.py"), "--models", "smollm2-135m",
+                           "--out", str(out), "--max-new-tokens", "8"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout, out / "smollm2-135m"
+
+
+@pytest.fixture(scope="module")
+def smollm2_artifact(smollm2_recipe):
+    return smollm2_recipe[1]
+
+
+def test_the_real_checkpoint_recipe_prints_the_completions(smollm2_recipe):
+    """The Gemma-3 270M side of the recipe is the same code; its port is checked above at tp 1 and 2."""
+    stdout, _ = smollm2_recipe
+    assert "SEQ_MATCH True" in stdout and "[load] tensors differing from transformers' from_pretrained: none" in stdout
+    assert "[text] 'The capital of France is' -> ' Paris." in stdout
+    assert "[chat] (its chat template)" in stdout and "Paris" in stdout.split("[chat]")[1]
 
 
 def test_generate_prints_hf_greedy_text_from_a_compiled_artifact(smollm2_artifact, smollm2_dir):
