@@ -30,7 +30,7 @@ import torch
 
 from neuron_port import describe, load_config
 from neuron_port.generation import generate
-from neuron_port.models import build_model
+from neuron_port.models import build_model, init_nonpersistent_buffers
 from neuron_port.ranks import RankSetup
 from neuron_port.shapes import PortShape
 from neuron_port.xla_port import xla_port
@@ -119,7 +119,7 @@ def real_e2b_decode(kv_len: int) -> dict:
                 continue
             real = torch.randn(tensor.shape, dtype=torch.bfloat16) * 0.02 if tensor.is_floating_point() else torch.zeros(tensor.shape, dtype=tensor.dtype)
             setattr(module, name, torch.nn.Parameter(real, requires_grad=False) if isinstance(tensor, torch.nn.Parameter) else real)
-    family.reinit_nonpersistent(model, config)
+    init_nonpersistent_buffers(model, config)  # RoPE tables and embedding scales, as transformers computes them
     stores = PortShape(1, kv_len).stores(layout)
     graph = DecodeGraph(model, stores.specs[kv_len])
     backend = XlaBackend()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,6 @@ from neuron_port.families import DecoderFamily
 from neuron_port.prompts import bos_prefix
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
-SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -78,25 +78,54 @@ class TemplateError(ValueError):
 
 
 def _raise(message: str) -> None:
-    raise TemplateError(message)
+    from jinja2.exceptions import TemplateError as JinjaError
+
+    raise JinjaError(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    """transformers' ``tojson``: plain JSON, no HTML escaping."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+@lru_cache(maxsize=16)
+def _compiled(template: str):
+    """The template compiled once, in the environment transformers renders chat templates in."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationTag(Extension):
+        """``{% generation %}...{% endgeneration %}`` (assistant-token tracking in transformers): the body as is."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller) -> str:
+            return caller()
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template)
 
 
 def render_template(template: str, messages: list[dict[str, Any]], special_tokens: dict[str, str],
                     add_generation_prompt: bool = True) -> str:
-    """``template`` rendered over ``messages`` as transformers' ``apply_chat_template`` renders it."""
+    """``template`` rendered over ``messages`` as transformers' ``apply_chat_template`` renders it
+    (no tools, no documents)."""
     from jinja2 import TemplateError as JinjaError
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
-        x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
-    env.globals["raise_exception"] = _raise
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
-        return env.from_string(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                **special_tokens)
-    except JinjaError as exc:
+        return _compiled(template).render(messages=messages, tools=None, documents=None,
+                                          add_generation_prompt=add_generation_prompt, **special_tokens)
+    except (JinjaError, TypeError, ValueError, KeyError, AttributeError) as exc:
         raise TemplateError(f"the model's chat template failed: {exc}") from None
 
 
@@ -134,11 +163,20 @@ class ChatFormat:
         return bos_prefix(tokenizer, bos_id) + tokenizer.encode(text).ids
 
 
+def special_tokens(directory: str | Path | None) -> dict[str, str]:
+    """The tokenizer's named special tokens (``bos_token``, ``eos_token``, ...; what a template sees
+    as variables): ``special_tokens_map.json`` overlaid by ``tokenizer_config.json``."""
+    if directory is None:
+        return {}
+    merged = {**_read_json(Path(directory) / "special_tokens_map.json"), **tokenizer_config(directory)}
+    return {key: text for key, value in merged.items() if key.endswith("_token") and (text := _token_text(value))}
+
+
 def chat_format(family: DecoderFamily, tokenizer: Any, directory: str | Path | None) -> ChatFormat:
     """The chat format of a model: its files first (template, special tokens, generation config),
     its family adapter second."""
     settings = tokenizer_config(directory)
-    specials = {key: text for key in SPECIAL_TOKEN_KEYS if (text := _token_text(settings.get(key)))}
+    specials = special_tokens(directory)
     names = [t for t in (specials.get("eos_token"), *family.chat_stop_tokens) if t]
     ids = [tokenizer.token_to_id(name) for name in names] if tokenizer is not None else []
     stops = (*generation_eos_ids(directory, family), *(i for i in ids if i is not None))
@@ -159,5 +197,5 @@ def stop_token_ids(model_dir: str | Path | None, eos: tuple[int, ...], chat: boo
     return list(dict.fromkeys(ids))
 
 
-__all__ = ["CHAT_TEMPLATE_FILE", "stop_token_ids", "tokenizer_config", "generation_config", "generation_eos_ids", "chat_template", "TemplateError",
+__all__ = ["CHAT_TEMPLATE_FILE", "stop_token_ids", "special_tokens", "tokenizer_config", "generation_config", "generation_eos_ids", "chat_template", "TemplateError",
            "render_template", "ChatFormat", "chat_format"]

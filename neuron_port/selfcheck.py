@@ -216,6 +216,21 @@ def check_step_logits(model: nn.Module, prompt: Sequence[int], tokens: Sequence[
     return check_logits(ours, list(reference), family.softcap(family.text_config_of(model)), tolerance)
 
 
+def tokens_must_match(backend: str, dtype: str) -> bool:
+    """Whether a checked run must give Hugging Face's float32 tokens exactly: yes for float32 graphs
+    on the CPU or XLA; no in reduced precision, where greedy tokens flip at near-ties (bf16 diverged
+    within 32 tokens on 42-63 % of real-text prompts, as transformers' own bf16 model does: see
+    benchmarks/bf16_accuracy.py) and the logit bound is the verdict. ``seq_match`` is reported either way."""
+    return logit_tolerance_for(backend, dtype) == LOGIT_TOLERANCE
+
+
+def checked_run_passed(out: dict[str, Any]) -> bool:
+    """The verdict of a checked run's fields: the self-checks passed, and the tokens matched where
+    ``tokens_must_match`` (default True) requires it."""
+    tokens_ok = out.get("seq_match", True) or not out.get("tokens_must_match", True)
+    return bool(tokens_ok and out.get("self_checks_passed", True))
+
+
 def as_json(checks: Sequence[Check]) -> list[dict]:
     return [asdict(check) for check in checks]
 
@@ -243,19 +258,20 @@ def check_loader(model: nn.Module, reference: nn.Module) -> Check:
 
 def model_self_checks(model: nn.Module, setup: "RankSetup", shape: PortShape, prompt: Sequence[int],
                       tokens: Sequence[int], step_logits: Sequence[torch.Tensor],
-                      tolerance: float = LOGIT_TOLERANCE, reference: nn.Module | None = None) -> tuple[list[Check], dict]:
+                      tolerance: float = LOGIT_TOLERANCE, reference: nn.Module | None = None,
+                      with_loader: bool = True) -> tuple[list[Check], dict]:
     """The checks on a port built over ``model`` (``tokens`` and ``step_logits``: row 0 of its run
     on ``prompt``): embeddings (the port's host tables against the reference's own modules),
     attention on every rank of ``setup``, step logits against the reference, and, when
-    ``reference`` (Hugging Face's float32 model; default ``model`` itself) is another model, the
-    loader check. Returns the checks and the logit report."""
+    ``reference`` (Hugging Face's float32 model; default ``model`` itself) is another model and
+    ``with_loader``, the loader check. Returns the checks and the logit report."""
     oracle = model if reference is None else reference
     logits, report = check_step_logits(oracle, prompt, tokens, step_logits, tolerance)
     checks = [check_embeddings(oracle, HostEmbeddings.from_model(model)), check_attention(model, setup, shape), logits]
-    if reference is not None and reference is not model:
+    if with_loader and reference is not None and reference is not model:
         checks.insert(0, check_loader(model, reference))
     return checks, report
 
 
 __all__ = ["LOGIT_TOLERANCE", "REDUCED_PRECISION_LOGIT_TOLERANCE", "logit_tolerance_for", "Check", "probe_ids", "check_embeddings", "check_attention", "check_logits",
-           "check_step_logits", "check_loader", "model_self_checks", "as_json", "result_fields"]
+           "check_step_logits", "check_loader", "model_self_checks", "tokens_must_match", "checked_run_passed", "as_json", "result_fields"]

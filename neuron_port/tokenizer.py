@@ -17,13 +17,14 @@ def load_tokenizer(model_dir: str | Path) -> Tokenizer | None:
 
 
 def decode_completion(model_dir: str | Path, tokens: list[int], stop_ids: list[int] = ()) -> str | None:
-    """Generated ``tokens`` as text through ``model_dir``'s tokenizer.json (a final stop token left
-    out, special tokens kept); None when the directory has no tokenizer."""
+    """Generated ``tokens`` as text through ``model_dir``'s tokenizer.json, special tokens left out
+    as transformers' ``decode(..., skip_special_tokens=True)`` leaves them (and a final stop token
+    that is not special); None when the directory has no tokenizer."""
     tok = load_tokenizer(model_dir)
     if tok is None:
         return None
     shown = tokens[:-1] if tokens and tokens[-1] in stop_ids else tokens
-    return tok.decode(list(shown), skip_special_tokens=False)
+    return tok.decode(list(shown), skip_special_tokens=True)
 
 
 __all__ = ["load_tokenizer", "decode_completion"]

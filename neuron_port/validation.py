@@ -72,15 +72,17 @@ def artifact_self_checks(directory: str | Path, manifest: dict[str, Any], refere
     embedding files, and every step's logits (``out["step_logits"]``, removed from ``out``) after
     the softcap. Adds ``self_checks``, ``logit_check`` and ``self_checks_passed`` to ``out``."""
     from neuron_port.embedding import load_host_embeddings
-    from neuron_port.selfcheck import Check, check_embeddings, check_step_logits, logit_tolerance_for, result_fields
+    from neuron_port.selfcheck import (Check, check_embeddings, check_step_logits, logit_tolerance_for, result_fields,
+                                       tokens_must_match)
 
     step_logits = out.pop("step_logits", [])
-    tolerance = logit_tolerance_for(manifest["backend"], manifest.get("dtype", "torch.float32"))
+    dtype = manifest.get("dtype", "torch.float32")
+    tolerance = logit_tolerance_for(manifest["backend"], dtype)
     logits, report = check_step_logits(reference, prompt, out["tokens"], step_logits, tolerance)
     config = load_config(Path(directory) / "config.json")
     checks = [check_embeddings(reference, load_host_embeddings(directory, config)),
               Check("attention", "skip", "compiled graphs run no Python: the attention check runs on a model"), logits]
-    return {**out, **result_fields(checks, report)}
+    return {**out, **result_fields(checks, report), "tokens_must_match": tokens_must_match(manifest["backend"], dtype)}
 
 
 def check_artifact(directory: str | Path, prompt_len: int = 24, max_new_tokens: int = 32,

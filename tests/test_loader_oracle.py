@@ -23,8 +23,12 @@ def test_the_loader_gives_from_pretrained_s_model_for_every_family(name, tmp_pat
     write_model_dir(build_model(load_config(name, tiny=True), seed=3), tmp_path)
     reference = hf_reference_model(tmp_path)
     assert loader_mismatches(load_model_dir(tmp_path), reference) == []
-    # and in bf16: exactly the cast of transformers' float32 tensors
-    assert loader_mismatches(load_model_dir(tmp_path, dtype=torch.bfloat16), reference) == []
+    # and in bf16: exactly the cast of transformers' float32 tensors, and transformers' own bf16 model,
+    # dtypes included (float32 RoPE tables stay float32, as from_pretrained(dtype=bf16) keeps them)
+    bf16 = load_model_dir(tmp_path, dtype=torch.bfloat16)
+    assert loader_mismatches(bf16, reference) == []
+    assert loader_mismatches(bf16, hf_reference_model(tmp_path, dtype=torch.bfloat16), cast=False) == []
+    assert loader_mismatches(bf16.to(torch.bfloat16), reference, cast=False)  # casting every buffer is not the same
 
 
 def _old_loader(directory):

@@ -94,7 +94,9 @@ def test_port_check_in_bf16_within_the_measured_tolerance(name, request):
 
     directory = request.getfixturevalue(name)
     out = run_cli_json("port", str(directory), "--prompt", PROMPT, "--max-new-tokens", "8", "--dtype", "bf16", "--check")
-    assert out["dtype"] == "bf16" and out["seq_match"] is True and out["self_checks_passed"] is True
+    # exit 0 (run_cli_json) on the logit bound; tokens are reported, not required, in bf16 (near-ties flip)
+    assert out["dtype"] == "bf16" and out["self_checks_passed"] is True and out["tokens_must_match"] is False
+    assert isinstance(out["seq_match"], bool)
     error = out["logit_check"]["max_relative_error"]
     assert out["logit_check"]["tolerance"] == REDUCED_PRECISION_LOGIT_TOLERANCE
     assert 1e-4 < error <= REDUCED_PRECISION_LOGIT_TOLERANCE  # really bf16 (float32 gives about 1e-6), and within

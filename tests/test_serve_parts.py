@@ -120,3 +120,31 @@ def test_metric_labels_are_escaped_and_unmatched_paths_share_one_label():
     helps = {line.split()[2] for line in text.splitlines() if line.startswith("# HELP")}
     types = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
     assert helps == types
+
+
+def test_a_chat_template_renders_as_transformers_renders_it(tmp_path):
+    """Loop controls, the generation tag, tojson's options, tools/documents as none, the special
+    tokens as variables: the same text as transformers' apply_chat_template, and the same ids."""
+    from transformers import AutoTokenizer
+
+    from neuron_port.chat import chat_format
+    from neuron_port.localdir import write_tokenizer
+
+    write_tokenizer(tmp_path, 512)
+    template = (
+        "{{ bos_token }}{% if tools is not none %}TOOLS{% endif %}{% for m in messages %}"
+        "{% if m['role'] == 'system' %}{% continue %}{% endif %}"
+        "<start_of_turn>{{ m['role'] }} {{ m['content'] | tojson(ensure_ascii=True) }}<end_of_turn>\n"
+        "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}{% endgeneration %}{% endif %}"
+        "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+    (tmp_path / "chat_template.jinja").write_text(template)
+    messages = [{"role": "system", "content": "skip me"}, {"role": "user", "content": "hello wörld"},
+                {"role": "assistant", "content": "paris"}, {"role": "user", "content": "water"}]
+    hf = AutoTokenizer.from_pretrained(str(tmp_path))
+    fmt = chat_format(family_for("gemma3_text"), build_tokenizer(512), tmp_path)
+    assert fmt.render(messages) == hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert fmt.encode(messages, build_tokenizer(512), 2) == list(
+        hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+    (tmp_path / "chat_template.jinja").write_text("{{ raise_exception('only user turns, found ' + messages[0]['role']) }}")
+    with pytest.raises(ValueError, match="only user turns, found system"):
+        chat_format(family_for("gemma3_text"), build_tokenizer(512), tmp_path).render(messages)

@@ -58,8 +58,9 @@ def emit_generation(out: dict[str, Any], args: argparse.Namespace) -> int:
     for check in out.get("self_checks", []):
         if check["status"] == "fail":
             print(f"error: self-check {check['name']} failed: {check['detail']}\n  fix: {check['fix']}", file=sys.stderr)
-    passed = out.get("seq_match", True) and out.get("self_checks_passed", True)
-    return 0 if (not args.check or passed) else 1
+    from neuron_port.selfcheck import checked_run_passed
+
+    return 0 if (not args.check or checked_run_passed(out)) else 1
 
 
 def add_prompt_options(p: argparse.ArgumentParser, default_tokens: int) -> None:

@@ -79,20 +79,21 @@ def _cmd_port(args: argparse.Namespace) -> int:
         fp32_shipped = not is_dir and args.dtype == "fp32"
         reference = model if fp32_shipped else reference_for_source(args.model, tiny=args.tiny, seed=args.seed)
         _check_rows(out, reference, prompts, result.tokens, args.max_new_tokens, stop_ids)
-        _self_checks(out, model, reference, setup, shape, prompts[0], result, args.logit_tolerance, args.dtype)
+        _self_checks(out, model, reference, setup, shape, prompts[0], result, args.logit_tolerance, args.backend,
+                     args.dtype)
     return emit_generation(out, args)
 
 
 def _self_checks(out: dict[str, Any], model, reference, setup, shape, prompt: list[int], result, tolerance: float | None,
-                 dtype: str) -> None:
+                 backend: str, dtype: str) -> None:
     """What greedy tokens cannot see: the loader (against ``reference``), host embeddings, the
     attention function inside the graphs, and every step's logits after the softcap (row 0)."""
-    from neuron_port.selfcheck import logit_tolerance_for, model_self_checks, result_fields
+    from neuron_port.selfcheck import logit_tolerance_for, model_self_checks, result_fields, tokens_must_match
 
-    tolerance = logit_tolerance_for("cpu", dtype) if tolerance is None else tolerance
+    tolerance = logit_tolerance_for(backend, dtype) if tolerance is None else tolerance
     checks, report = model_self_checks(model, setup, shape, prompt, result.tokens[0], result.step_logits, tolerance,
                                        reference=reference)
-    out.update(result_fields(checks, report))
+    out.update(result_fields(checks, report), tokens_must_match=tokens_must_match(backend, dtype))
 
 
 def _check_rows(out: dict[str, Any], model, prompts: list[list[int]], tokens: list[list[int]], max_new_tokens: int,

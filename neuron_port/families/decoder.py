@@ -379,10 +379,6 @@ class DecoderFamily:
     def layer_buffer_key(self, index: int, name: str) -> str:
         return f"model.layers.{index}.{name}"
 
-    def nonpersistent_suffixes(self) -> tuple[str, ...]:
-        """Endings of state-dict names that are recomputed, never loaded."""
-        return ("inv_freq", "original_inv_freq")
-
 
 __all__ = [
     "RoleView",

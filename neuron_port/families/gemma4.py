@@ -197,14 +197,6 @@ class Gemma4Family(DecoderFamily):
     def text_model_extra_inputs(self, per_layer: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"per_layer_inputs": per_layer}
 
-    def reinit_nonpersistent(self, model: nn.Module, config: Any) -> None:
-        super().reinit_nonpersistent(model, config)
-        word_scale, ple_scale = self.embedding_scales(config)
-        self.word_embedding(model).embed_scale = torch.tensor(word_scale)
-        ple = self.per_layer_embedding(model)
-        if ple is not None:
-            ple.embed_scale = torch.tensor(ple_scale)
-
     # ---- chat format ----------------------------------------------------------------------------
     chat_stop_tokens = GEMMA_CHAT_STOP_TOKENS
 
@@ -236,9 +228,6 @@ class Gemma4Family(DecoderFamily):
 
     def per_layer_embedding_key(self) -> str | None:
         return "model.embed_tokens_per_layer.weight"
-
-    def nonpersistent_suffixes(self) -> tuple[str, ...]:
-        return super().nonpersistent_suffixes() + ("embed_scale",)
 
 
 GEMMA4 = Gemma4Family()

@@ -18,7 +18,6 @@ from neuron_port.engine import Engine, StaticEngine
 from neuron_port.errors import NeuronPortError
 from neuron_port.port import Port
 from neuron_port.runtime import Generator
-from neuron_port.prompts import bos_prefix
 from neuron_port.chat import ChatFormat, chat_format, generation_eos_ids
 from neuron_port.shapes import PortShape
 from neuron_port.tokenizer import load_tokenizer
@@ -32,7 +31,6 @@ class Served:
     engine: Engine
     tokenizer: Any
     vocab_size: int
-    bos_prefix: list[int]
     eos_ids: tuple[int, ...]
     max_prompt: int
     buckets: list[int]
@@ -129,7 +127,7 @@ def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = Fal
                         lockstep=lockstep)
     name = path.name if path.is_dir() else target
     eos = tuple(dict.fromkeys((*special.eos, *generation_eos_ids(path if path.is_dir() else None, family))))
-    return Served(name, engine, tokenizer, family.vocab_size(config), bos_prefix(tokenizer, special.bos), eos,
+    return Served(name, engine, tokenizer, family.vocab_size(config), eos,
                   max(port.buckets), port.buckets, chat_format(family, tokenizer, path if path.is_dir() else None),
                   port.kv_len, special.bos)
 
