@@ -21,7 +21,7 @@ from pathlib import Path
 
 from neuron_port import describe, load_config
 from neuron_port.artifact_writer import write_artifact
-from neuron_port.chat import chat_format, stop_token_ids
+from neuron_port.chat import chat_format_of, stop_token_ids
 from neuron_port.generation import generate
 from neuron_port.planner import Target, plan_capacity
 from neuron_port.pretrained import PRETRAINED, pretrained_dir
@@ -30,7 +30,7 @@ from neuron_port.ranks import RankSetup
 from neuron_port.recipe import load_checked
 from neuron_port.selfcheck import checked_run_passed
 from neuron_port.shapes import PortShape
-from neuron_port.tokenizer import decode_completion, load_tokenizer
+from neuron_port.tokenizer import decode_completion
 from neuron_port.validation import check_in_fresh_process
 
 PROMPT = "The capital of France is"
@@ -78,8 +78,8 @@ def port_one(name: str, args: argparse.Namespace, out_root: Path) -> bool:
     print(f"[text] {PROMPT!r} -> {decode_completion(str(out), result['tokens'], eos)!r}")
 
     # 8. Chat through the model's own template (its family's format when it ships none).
-    fmt = chat_format(layout.family, load_tokenizer(out), out)
-    chat_ids = fmt.encode([{"role": "user", "content": QUESTION}], load_tokenizer(out), layout.family.special_ids(config).bos)
+    fmt, tokenizer = chat_format_of(out)
+    chat_ids = fmt.encode([{"role": "user", "content": QUESTION}], tokenizer, layout.family.special_ids(config).bos)
     stops = stop_token_ids(str(out), layout.family.special_ids(config).eos, chat=True)
     reply = generate(str(out), [chat_ids], args.max_new_tokens, stop_ids=stops)
     source_of = "its chat template" if fmt.template else f"the {layout.family.name} family's format"

@@ -53,8 +53,8 @@ def reference_model(manifest: dict[str, Any]) -> nn.Module:
     """Rebuild the float32 CPU reference from the artifact's recorded source (a directory through
     Hugging Face's own ``from_pretrained``, never this library's loader), proven to be the same
     weights: its state cast to the artifact's dtype has the manifest's weights fingerprint."""
-    from neuron_port.models import parse_dtype
-    from neuron_port.reference import cast_state, reference_for_source
+    from neuron_port.models import cast_state, parse_dtype
+    from neuron_port.reference import reference_for_source
 
     source = manifest["source"]
     if source.get("kind") == "shipped":

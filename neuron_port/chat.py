@@ -155,9 +155,12 @@ class ChatFormat:
         ``apply_chat_template(tokenize=True)``); the family's format (which leaves BOS out) with
         the tokenizer's special tokens, and ``bos_id`` first if the tokenizer adds none
         (:func:`neuron_port.prompts.bos_prefix`)."""
+        return self.encode_text(self.render(messages), tokenizer, bos_id)
+
+    def encode_text(self, text: str, tokenizer: Any, bos_id: int | None) -> list[int]:
+        """:meth:`encode` of text :meth:`render` already gave."""
         if tokenizer is None:
             raise ValueError("this model has no tokenizer: chat needs one")
-        text = self.render(messages)
         if self.template:
             return tokenizer.encode(text, add_special_tokens=False).ids
         return bos_prefix(tokenizer, bos_id) + tokenizer.encode(text).ids
@@ -175,7 +178,6 @@ def special_tokens(directory: str | Path | None) -> dict[str, str]:
 def chat_format(family: DecoderFamily, tokenizer: Any, directory: str | Path | None) -> ChatFormat:
     """The chat format of a model: its files first (template, special tokens, generation config),
     its family adapter second."""
-    settings = tokenizer_config(directory)
     specials = special_tokens(directory)
     names = [t for t in (specials.get("eos_token"), *family.chat_stop_tokens) if t]
     ids = [tokenizer.token_to_id(name) for name in names] if tokenizer is not None else []
@@ -183,19 +185,24 @@ def chat_format(family: DecoderFamily, tokenizer: Any, directory: str | Path | N
     return ChatFormat(family, chat_template(directory), tuple(dict.fromkeys(stops)), specials)
 
 
-def stop_token_ids(model_dir: str | Path | None, eos: tuple[int, ...], chat: bool) -> list[int]:
-    """End-of-sequence ids of a model: its config's (``eos``) and ``generation_config.json``'s; with
-    ``chat``, its chat format's turn-ending ids too (:func:`chat_format`)."""
+def chat_format_of(model_dir: str | Path) -> tuple[ChatFormat, Any]:
+    """The chat format of a model or artifact directory and its tokenizer (None without tokenizer.json)."""
     from neuron_port.configs import load_config
     from neuron_port.families import family_for
     from neuron_port.tokenizer import load_tokenizer
 
+    tokenizer = load_tokenizer(model_dir)
+    return chat_format(family_for(load_config(model_dir).model_type), tokenizer, model_dir), tokenizer
+
+
+def stop_token_ids(model_dir: str | Path | None, eos: tuple[int, ...], chat: bool) -> list[int]:
+    """End-of-sequence ids of a model: its config's (``eos``) and ``generation_config.json``'s; with
+    ``chat``, its chat format's turn-ending ids too (:func:`chat_format`, which holds the former)."""
     ids = [*eos, *generation_eos_ids(model_dir)]
     if chat and model_dir is not None:
-        family = family_for(load_config(model_dir).model_type)
-        ids += chat_format(family, load_tokenizer(model_dir), model_dir).stop_ids
+        ids += chat_format_of(model_dir)[0].stop_ids
     return list(dict.fromkeys(ids))
 
 
-__all__ = ["CHAT_TEMPLATE_FILE", "stop_token_ids", "special_tokens", "tokenizer_config", "generation_config", "generation_eos_ids", "chat_template", "TemplateError",
+__all__ = ["CHAT_TEMPLATE_FILE", "chat_format_of", "stop_token_ids", "special_tokens", "tokenizer_config", "generation_config", "generation_eos_ids", "chat_template", "TemplateError",
            "render_template", "ChatFormat", "chat_format"]

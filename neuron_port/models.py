@@ -66,6 +66,11 @@ def cast_weights(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     return model
 
 
+def cast_state(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Floating tensors of ``state`` in ``dtype`` (integer ones untouched), as the loader casts a checkpoint."""
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+
+
 def force_eager(config: Any, implementation: str = "eager") -> None:
     """Set the attention implementation on a config and on its text part."""
     family_for(config.model_type).set_attention_implementation(config, implementation)
@@ -191,8 +196,8 @@ def load_model_dir(model_dir: str | Path, dtype: torch.dtype = torch.float32) ->
     if head_key not in state and family.tied_embeddings(config) and family.word_embedding_key() in state:
         state[head_key] = state[family.word_embedding_key()]
     persistent = set(model.state_dict())
-    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items() if k in persistent}
-    model.load_state_dict(state, strict=False, assign=True)
+    model.load_state_dict(cast_state({k: v for k, v in state.items() if k in persistent}, dtype), strict=False,
+                          assign=True)
     model.tie_weights()
     missing = sorted(n for n, p in model.named_parameters() if p.is_meta)
     if missing:
@@ -222,4 +227,4 @@ def save_model_dir(model: nn.Module, out_dir: str | Path) -> Path:
     return out
 
 
-__all__ = ["DTYPES", "parse_dtype", "cast_weights", "force_eager", "nonpersistent_buffer_owners", "init_nonpersistent_buffers", "build_model", "checkpoint_state", "model_from_name", "load_source", "read_checkpoint", "load_model_dir", "save_model_dir"]
+__all__ = ["DTYPES", "parse_dtype", "cast_weights", "cast_state", "force_eager", "nonpersistent_buffer_owners", "init_nonpersistent_buffers", "build_model", "checkpoint_state", "model_from_name", "load_source", "read_checkpoint", "load_model_dir", "save_model_dir"]

@@ -87,9 +87,4 @@ def reference_for_source(name: str | Path, tiny: bool = False, seed: int = 0) ->
     return build_model(load_config(str(name), tiny=tiny), seed=seed)
 
 
-def cast_state(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Floating tensors of ``state`` in ``dtype`` (integer ones untouched), as ``model.to(dtype)`` casts them."""
-    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-
-
-__all__ = ["hf_reference_model", "reference_for_source", "cast_state"]
+__all__ = ["hf_reference_model", "reference_for_source"]

@@ -105,3 +105,23 @@ def run_cli_json(*args: str):
     res = run_cli(*args, "--json")
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
+
+
+WRONG_EMBED_SCALE = 2.1e-25
+
+
+def break_embed_scale(monkeypatch) -> None:
+    """Make ``neuron_port.models.load_model_dir`` leave the word embedding's scale wrong (as it once
+    left it uninitialised), for the tests that show who gets blamed."""
+    import torch
+
+    import neuron_port.models as models
+
+    real = models.load_model_dir
+
+    def broken(directory, dtype=torch.float32):
+        model = real(directory, dtype)
+        model.model.embed_tokens.embed_scale.fill_(WRONG_EMBED_SCALE)
+        return model
+
+    monkeypatch.setattr(models, "load_model_dir", broken)

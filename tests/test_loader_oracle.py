@@ -77,18 +77,10 @@ def test_a_port_check_over_a_wrongly_loaded_model_blames_the_loader(tmp_path, mo
     even though the port's own host embeddings (from the config) are right."""
     import json
 
-    import neuron_port.models as models
-    from tests.helpers import run_cli
+    from tests.helpers import break_embed_scale, run_cli
 
     write_model_dir(build_model(load_config("gemma-3", tiny=True), seed=3), tmp_path)
-    real = models.load_model_dir
-
-    def broken(directory, dtype=torch.float32):
-        model = real(directory, dtype)
-        model.model.embed_tokens.embed_scale.fill_(2.1e-25)
-        return model
-
-    monkeypatch.setattr(models, "load_model_dir", broken)
+    break_embed_scale(monkeypatch)
     res = run_cli("port", str(tmp_path), "--max-new-tokens", "4", "--ignore-eos", "--check", "--json")
     assert res.returncode == 1
     checks = {c["name"]: c for c in json.loads(res.stdout)["self_checks"]}

@@ -168,17 +168,10 @@ def test_the_served_artifact_answers_chat_with_hf_templated_greedy_tokens(smollm
 def test_doctor_blames_the_loader_for_a_wrong_buffer(gemma3_dir, monkeypatch):
     """The loader leaves embed_scale wrong (as it once left it uninitialised): the doctor names the
     buffer, says the loader is at fault, and does not suspect the port."""
-    import neuron_port.models as models
     from neuron_port.doctor import report, run_doctor
+    from tests.helpers import break_embed_scale
 
-    real = models.load_model_dir
-
-    def broken(directory, dtype=torch.float32):
-        model = real(directory, dtype)
-        model.model.embed_tokens.embed_scale.fill_(2.1e-25)
-        return model
-
-    monkeypatch.setattr(models, "load_model_dir", broken)
+    break_embed_scale(monkeypatch)
     result = report(run_doctor(gemma3_dir, tokens=4))
     assert result["ok"] is False and result["first_failure"] == "loader"
     loader = next(c for c in result["checks"] if c["name"] == "loader")

@@ -31,15 +31,11 @@ def prompt_ids(args: argparse.Namespace, source: str, vocab: int, bos: int | Non
     from neuron_port.prompts import PromptError, random_prompt, text_prompt
 
     if getattr(args, "chat", None) is not None:
-        from neuron_port.chat import chat_format
-        from neuron_port.configs import load_config
-        from neuron_port.families import family_for
-        from neuron_port.tokenizer import load_tokenizer
+        from neuron_port.chat import chat_format_of
 
-        tok = load_tokenizer(source) if Path(source).exists() else None
+        fmt, tok = chat_format_of(source) if Path(source).exists() else (None, None)
         if tok is None:
             raise PromptError(f"--chat needs a tokenizer.json in {source}; it has none")
-        fmt = chat_format(family_for(load_config(source).model_type), tok, source)
         return fmt.encode([{"role": "user", "content": args.chat}], tok, bos)
     if args.prompt is not None:
         return text_prompt(source, args.prompt)

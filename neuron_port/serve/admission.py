@@ -60,7 +60,7 @@ def prompt_ids(served: Served, body: CommonFields) -> list[int]:
         try:
             text = served.chat.render(messages)
             text.encode("utf-8")
-            ids = served.chat.encode(messages, served.tokenizer, served.bos_id)
+            ids = served.chat.encode_text(text, served.tokenizer, served.bos_id)
         except UnicodeEncodeError as exc:
             raise Rejected(400, f"messages is not valid unicode text ({exc.reason} at position {exc.start})",
                            param="messages") from None
