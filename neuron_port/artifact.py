@@ -6,8 +6,9 @@ Layout::
     DIR/config.json              the text config the graphs were built from
     DIR/embeddings.safetensors   host tables (word, per-layer)
     DIR/tokenizer.json           when the source had one
-    DIR/rank{r}/weights.safetensors   rank r's shard of the transformer
-    DIR/rank{r}/prefill_{bucket}.pt, decode_{kv_len}.pt   compiled graphs
+    DIR/rank{r}/weights.safetensors   rank r's shard of the transformer, once for all its graphs
+    DIR/rank{r}/graph_weights.json    which of those tensors each graph takes (CPU backend)
+    DIR/rank{r}/prefill_{bucket}.pt, decode_{kv_len}.pt   compiled graphs, without the weights
 
 The manifest records the library, backend and component versions, the config hash, a weights
 fingerprint (tensor names, shapes, dtypes and contents), buckets, KV lengths, TP degree, KV
@@ -33,7 +34,7 @@ import torch
 from neuron_port.errors import NeuronPortError, UnsupportedArchitectureError
 from neuron_port.families import AdapterSource, adapter_source, family_for
 
-FORMAT = "neuron-port-artifact/1"
+FORMAT = "neuron-port-artifact/2"  # 2: graphs without weights, one weights file per rank
 MANIFEST = "manifest.json"
 NEURON_COMPONENTS = ("torch-neuronx", "neuronx-cc", "neuronx-distributed")
 

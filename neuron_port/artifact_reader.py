@@ -44,9 +44,10 @@ def load_rank_port(directory: str | Path, manifest: dict[str, Any], rank: Rank) 
     if stores.kv_layout() != expected:
         raise ArtifactError(f"field kv_layout (rank {rank.rank}): expected {expected}, found {stores.kv_layout()} "
                             "for this config and tp")
+    embeddings = load_host_embeddings(directory, config)
     runners = load_runners(get_backend(manifest["backend"]), directory / f"rank{rank.rank}", stores.buckets,
-                           stores.kv_lens, int(manifest["batch"]), manifest.get("runners", {}))
-    return Port.from_runners(rank.layout, stores, load_host_embeddings(directory, config), runners)
+                           stores.kv_lens, int(manifest["batch"]), manifest.get("runners", {}), {"word": embeddings.word})
+    return Port.from_runners(rank.layout, stores, embeddings, runners)
 
 
 def reference_model(manifest: dict[str, Any]) -> nn.Module:

@@ -27,7 +27,8 @@ from neuron_port.artifact import (
     weights_fingerprint,
     write_manifest,
 )
-from neuron_port.backends import get_backend
+from neuron_port.backends import check_backend_tp, get_backend, require_backend
+from neuron_port.backends.weight_pool import HOST_PREFIX
 from neuron_port.configs import config_to_dict
 from neuron_port.embedding import HostEmbeddings
 from neuron_port.families import adapter_source, family_of
@@ -44,16 +45,18 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def compile_rank(out_dir: str, shape: PortShape, backend_name: str, batch: int, rank: Rank) -> dict[str, Any]:
-    """Build rank ``rank``'s graphs, compile them and save them with its weights into
-    ``out_dir/rank{r}``. Returns what the manifest records of the rank: its KV layout and the
+    """Build rank ``rank``'s graphs, compile them and save them into ``out_dir/rank{r}``, with
+    one copy of its weights for all of them. Returns what the manifest records of the rank: its KV layout and the
     facts of its runners."""
     backend = get_backend(backend_name)
     port = Port.for_rank(rank, shape)
     port.compile(backend, batch, desc=f"compiling rank{rank.rank}")
     rank_dir = Path(out_dir) / f"rank{rank.rank}"
     rank_dir.mkdir(parents=True, exist_ok=True)
-    save_file(checkpoint_state(rank.model), str(rank_dir / "weights.safetensors"))
-    save_runners(port.runners, backend, rank_dir)
+    # The rank's weights, once for all its graphs; a tied head reads the host's word table (not stored twice).
+    named = {**checkpoint_state(rank.model, clone=False),
+             HOST_PREFIX + "word": family_of(rank.model).word_embedding(rank.model).weight.detach()}
+    save_runners(port.runners, backend, rank_dir, named)
     return {"kv_layout": port.stores.kv_layout(), "runners": port.runners.facts()}
 
 
@@ -96,10 +99,17 @@ def write_artifact(
     or ``{"kind": "dir", "path"}``) so a later check can rebuild the same CPU reference and
     prove it is the same checkpoint (weights fingerprint). ``model`` is not modified.
     """
-    if backend not in ("cpu", "cpu-eager", "neuron"):
-        raise ArtifactError(f"backend {backend!r} does not save graphs; an artifact takes cpu or neuron "
+    if backend not in ("cpu", "cpu-eager", "neuron", "nxd"):
+        raise ArtifactError(f"backend {backend!r} does not save graphs; an artifact takes cpu, neuron or nxd "
                             "(xla graphs are checked in process with 'neuron-port port --backend xla')")
-    get_backend(backend)  # fail fast (missing SDK) before any work
+    check_backend_tp(backend, setup.tp)
+    require_backend(backend)  # fail fast (missing SDK) before any work
+    if backend == "nxd":
+        # The pieces exist (neuron_port.backends.nxd: parallel layers, checkpoints, KV-resident
+        # wrapper); the ModelBuilder build of a whole artifact does not yet (issue 29).
+        raise ArtifactError("the nxd artifact build (ModelBuilder over every bucket, sharded checkpoints, "
+                            "initialize on load) is not implemented yet; this library cannot write nxd artifacts")
+    get_backend(backend)
     check_setup_matches(setup, model)
     with atomic_directory(out_dir) as tmp:
         config_dict, embeddings = write_host_files(tmp, model, source, tokenizer_dir)

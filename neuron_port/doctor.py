@@ -90,8 +90,9 @@ def _weights(directory: Path, config, family: DecoderFamily) -> tuple[Check, dic
     from neuron_port.models import checkpoint_state, read_checkpoint
 
     state = read_checkpoint(directory, family)
+    causal_lm = family.causal_lm_class(config.model_type)  # imported outside the device mode (torch 2.8)
     with torch.device("meta"):
-        model = family.causal_lm_class(config.model_type)(config)
+        model = causal_lm(config)
     expected = {k: tuple(v.shape) for k, v in checkpoint_state(model, clone=False).items()}
     params = {n for n, _ in model.named_parameters()}
     missing = sorted(k for k in expected if k in params and k not in state)

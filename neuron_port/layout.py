@@ -95,8 +95,11 @@ class Layout:
 def count_params(config: Any) -> ParamAccount:
     """Parameter account of a text config, built on the meta device (nothing allocated)."""
     family = family_for(config.model_type)
+    # The class is imported before the device mode is entered: torch 2.8 cannot import
+    # torch._dynamo for the first time (as transformers' modeling modules do) under one.
+    causal_lm = family.causal_lm_class(config.model_type)
     with torch.device("meta"):
-        model = family.causal_lm_class(config.model_type)(config)
+        model = causal_lm(config)
     seen: set[int] = set()
     total = 0
     for p in model.parameters():  # parameters() already de-duplicates tied weights

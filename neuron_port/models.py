@@ -188,8 +188,9 @@ def load_model_dir(model_dir: str | Path, dtype: torch.dtype = torch.float32) ->
     config = load_config(model_dir)
     family = family_for(config.model_type)
     force_eager(config)
+    causal_lm = family.causal_lm_class(config.model_type)  # imported outside the device mode (torch 2.8)
     with torch.device("meta"), _default_dtype(dtype):
-        model = family.causal_lm_class(config.model_type)(config)
+        model = causal_lm(config)
     init_nonpersistent_buffers(model, config, owners=_buffers_on_cpu(model))
     state = read_checkpoint(model_dir, family)
     head_key = family.lm_head_key()

@@ -7,11 +7,13 @@ Formulas (all bytes; ``b`` = bytes per element of the dtype):
   (replicated when n_kv < tp), norms and per-layer-input projections replicated, the tied LM
   head (vocab x hidden) replicated. Embedding tables stay on the host unless asked otherwise.
   Real parameter counts, never "effective" ones.
-* A second graph: ``torch_neuronx.trace`` gives prefill and decode their own neffs, each with its
-  own copy of the constants (x2, the field report's E4B overflow on one core). That is the
-  default, and what this library builds. neuronx-distributed's ModelBuilder shares one set of
-  weights between its keys (x1); ``graphs_share_weights=True`` (``plan --shared-weights``) plans
-  for it, and the default plan says so when sharing would change the recommended degree.
+* A second graph: every backend of this library binds one set of weights to all its graphs
+  (single core: weights kept out of the neffs and bound with ``replace_weights``; tensor
+  parallel: neuronx-distributed's ModelBuilder, one set shared by its keys; CPU: one weights
+  file), so the default is x1. ``graphs_share_weights=False`` (``plan --separate-weights``)
+  plans for graphs that each carry their own constants (x2: a plain ``torch_neuronx.trace``
+  with inlined weights, the field report's E4B overflow on one core), and the plan says so
+  when that would change the recommended degree.
 * KV store = the runtime's own accounting (:func:`kvcache.kv_store_spec`): owners only, sliding
   owners as rings of the window, per rank at its local KV-head count.
 * Other = a runtime reserve (``RUNTIME_RESERVE``) plus the largest activation working set
@@ -127,8 +129,9 @@ def device_params_per_core(layout: Layout, config: Any, tp: int, embeddings_on_d
 
 def _count_device_params(layout: Layout, config: Any, tp: int, embeddings_on_device: bool) -> int:
     family = layout.family
+    causal_lm = family.causal_lm_class(layout.model_type)  # imported outside the device mode (torch 2.8)
     with torch.device("meta"):
-        model = family.causal_lm_class(layout.model_type)(config)
+        model = causal_lm(config)
     plan = plan_model(layout, tp) if tp > 1 else None
     total = 0
     for spec, layer in zip(layout.layers, family.decoder_layers(model)):
@@ -206,18 +209,20 @@ def _fit_reasons(sizing: _Sizing, chosen: int, cores: dict[str, int], ok: bool, 
     reasons.append(
         f"tp {chosen}: {sum(cores.values()) / GiB:.2f} GiB per core of {target.hbm_per_core / GiB:.0f} GiB "
         f"({'fits' if ok else 'does not fit'}); prefill and decode "
-        f"{'share one set of weights (ModelBuilder)' if cores['second_graph'] == 0 else 'each carry the weights (two traced neffs)'}"
+        f"{'share one set of weights' if cores['second_graph'] == 0 else 'each carry the weights (inlined constants)'}"
     )
     if recommended is None:
         reasons.append(f"no tp up to {target.cores} cores fits {target.name}")
-    if not sizing.graphs_share_weights:
-        shared = dataclasses.replace(sizing, graphs_share_weights=True)
-        valid = [t for t in valid_model_tp(sizing.layout) if t <= target.cores]
-        with_sharing = next((t for t in valid if shared.fits(t)), None)
-        if with_sharing != recommended and with_sharing is not None:
-            reasons.append(f"with one set of weights shared by both graphs (neuronx-distributed's ModelBuilder, plan "
-                           f"--shared-weights) the recommended tp would be {with_sharing}: "
-                           f"{sum(shared.per_core(with_sharing).values()) / GiB:.2f} GiB per core")
+    other = dataclasses.replace(sizing, graphs_share_weights=not sizing.graphs_share_weights)
+    valid = [t for t in valid_model_tp(sizing.layout) if t <= target.cores]
+    other_tp = next((t for t in valid if other.fits(t)), None)
+    if other_tp != recommended:
+        how = ("with one set of weights shared by both graphs (what this library builds; plan without "
+               "--separate-weights)" if other.graphs_share_weights else
+               "with graphs that each carry their own weights (inlined constants; plan --separate-weights)")
+        found = (f"{other_tp}: {sum(other.per_core(other_tp).values()) / GiB:.2f} GiB per core" if other_tp is not None
+                 else f"none: no tp up to {target.cores} cores fits")
+        reasons.append(f"{how} the recommended tp would be {found}")
     return reasons
 
 
@@ -248,12 +253,12 @@ def plan_capacity(
     buckets: tuple[int, ...] = (128,),
     batch: int = 1,
     embeddings_on_device: bool = False,
-    graphs_share_weights: bool = False,
+    graphs_share_weights: bool = True,
 ) -> Plan:
     """The capacity plan at ``tp`` (or at the recommended degree when ``tp`` is None).
 
-    ``graphs_share_weights``: prefill and decode hold one set of weights (ModelBuilder) instead
-    of one each (separately traced graphs, what this library builds)."""
+    ``graphs_share_weights``: prefill and decode hold one set of weights (what every backend of
+    this library builds); False plans for graphs that each carry their own copy."""
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, found {dtype!r}")
     b = DTYPE_BYTES[dtype]

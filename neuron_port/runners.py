@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
+
+import torch
 
 from tqdm import tqdm
 
@@ -76,23 +78,35 @@ def runner_file(kind: str, size: int) -> str:
     return f"{kind}_{size}.pt"
 
 
-def save_runners(runners: Runners, backend: Any, rank_dir: Path) -> list[Path]:
-    """Save every compiled runner into ``rank_dir``; returns the files written."""
+def save_runners(runners: Runners, backend: Any, rank_dir: Path,
+                 named_tensors: Mapping[str, torch.Tensor] | None = None) -> list[Path]:
+    """Save every compiled runner into ``rank_dir``; returns the files written.
+
+    A backend with ``save_graphs`` (the CPU one) writes the rank's weights once for all its
+    graphs; ``named_tensors`` ({name: tensor}, the rank's state and ``host:`` tables) names them."""
     rank_dir.mkdir(parents=True, exist_ok=True)
+    files = {runner_file(kind, size): runner for kind, table in (("prefill", runners.prefill), ("decode", runners.decode))
+             for size, runner in table.items()}
+    if hasattr(backend, "save_graphs"):
+        return backend.save_graphs(files, rank_dir, dict(named_tensors or {}))
     paths = []
-    for kind, table in (("prefill", runners.prefill), ("decode", runners.decode)):
-        for size, runner in table.items():
-            path = rank_dir / runner_file(kind, size)
-            backend.save(runner, path)
-            paths.append(path)
+    for file, runner in files.items():
+        backend.save(runner, rank_dir / file)
+        paths.append(rank_dir / file)
     return paths
 
 
 def load_runners(backend: Any, rank_dir: Path, buckets: list[int], kv_lens: list[int], batch: int,
-                 facts: dict[str, Any]) -> Runners:
-    """The runners :func:`save_runners` wrote, compiled for ``batch`` rows, with the facts the manifest recorded."""
-    prefill = {b: backend.load(rank_dir / runner_file("prefill", b)) for b in buckets}
-    decode = {kv: backend.load(rank_dir / runner_file("decode", kv)) for kv in kv_lens}
+                 facts: dict[str, Any], host: Mapping[str, torch.Tensor] | None = None) -> Runners:
+    """The runners :func:`save_runners` wrote, compiled for ``batch`` rows, with the facts the
+    manifest recorded; ``host``: the host tables a graph may read (``host:`` tensors)."""
+    files = [runner_file("prefill", b) for b in buckets] + [runner_file("decode", kv) for kv in kv_lens]
+    if hasattr(backend, "load_graphs"):
+        loaded = backend.load_graphs(rank_dir, files, dict(host or {}))
+    else:
+        loaded = {file: backend.load(rank_dir / file) for file in files}
+    prefill = {b: loaded[runner_file("prefill", b)] for b in buckets}
+    decode = {kv: loaded[runner_file("decode", kv)] for kv in kv_lens}
     return Runners(prefill, decode, int(batch), bool(facts.get("inplace_kv_writes", False)), compiled=True)
 
 

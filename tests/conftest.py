@@ -35,7 +35,7 @@ def pytest_collection_modifyitems(config, items):
         if os.environ.get("NEURON_PORT_REQUIRE_XLA") == "1" and any("xla" in item.keywords for item in items):
             raise pytest.UsageError("NEURON_PORT_REQUIRE_XLA=1 but torch_xla is not importable: the xla tests would "
                                     "all be skipped")
-        skips["xla"] = pytest.mark.skip(reason="needs torch-xla (pip install torch==2.9.0 torch-xla==2.9.0 in its own "
+        skips["xla"] = pytest.mark.skip(reason="needs torch-xla (pip install torch==2.8.0 torch-xla==2.8.0 in its own "
                                                "virtualenv; .ci/run makes one); not installed")
     for item in items:
         for marker, skip in skips.items():

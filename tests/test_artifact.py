@@ -95,9 +95,9 @@ def test_loaded_artifact_equals_the_in_process_port(e2b_artifact):
     prompt = [2] + list(range(30, 50))
     eager = greedy_generate(Port(model, describe(model), [32], [64]), [prompt], 20).tokens
     loaded = load_port(e2b_artifact)
-    assert all(isinstance(r, torch.jit.ScriptModule) for r in loaded.decode_runners.values())
+    assert all(isinstance(r.function, torch.jit.ScriptModule) for r in loaded.decode_runners.values())
     # the saved graphs are the ones the static-shape passes rewrote, and they keep their batch
-    assert not any(n.kind() == "aten::size" for r in loaded.decode_runners.values() for n in r.graph.nodes())
+    assert not any(n.kind() == "aten::size" for r in loaded.decode_runners.values() for n in r.function.graph.nodes())
     assert loaded.batch == 1
     assert greedy_generate(loaded, [prompt], 20).tokens == eager
     res = run_cli_process("generate", str(e2b_artifact), "--max-new-tokens", "40", "--check", "--json")
@@ -191,14 +191,24 @@ def test_neuron_backends_fail_fast_without_the_sdk(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_no_backend_is_offered_and_then_refused(tmp_path):
-    """nxd (ModelBuilder, not wired into artifacts) is not a choice; xla graphs are not saved as artifacts."""
-    for cmd in (["port", "gemma-4-e2b", "--tiny"], ["compile", "gemma-4-e2b", "--tiny", "--out", str(tmp_path / "x")]):
-        res = run_cli(*cmd, "--backend", "nxd")
-        assert res.returncode == 2 and "invalid choice: 'nxd'" in res.stderr
-    res = run_cli("compile", "gemma-4-e2b", "--tiny", "--out", str(tmp_path / "x"), "--backend", "xla")
+def test_nxd_needs_the_sdk_and_neuron_refuses_tensor_parallelism(tmp_path):
+    """compile --backend nxd without the SDK: one error line naming the Neuron packages; --backend
+    neuron --tp 2: refused before any work, naming nxd; xla graphs are not saved as artifacts."""
+    out = tmp_path / "x"
+    res = run_cli("compile", "gemma-4-e4b", "--tiny", "--tp", "2", "--backend", "nxd", "--out", str(out))
+    assert res.returncode == 2 and res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert "torch_neuronx" in lines[0] and "neuronx-distributed" in lines[0] and "pip.repos.neuron.amazonaws.com" in lines[0]
+    for cmd in (["compile", "gemma-4-e4b", "--tiny", "--out", str(out)], ["port", "gemma-4-e4b", "--tiny"]):
+        res = run_cli(*cmd, "--tp", "2", "--backend", "neuron")
+        assert res.returncode == 2 and res.stderr.count("\n") == 1
+        assert "--backend neuron compiles for one NeuronCore and cannot run tp 2" in res.stderr and "--backend nxd" in res.stderr
+    res = run_cli("port", "gemma-4-e2b", "--tiny", "--backend", "nxd")
+    assert res.returncode == 2 and "invalid choice: 'nxd'" in res.stderr  # port checks in process: cpu, neuron, xla
+    res = run_cli("compile", "gemma-4-e2b", "--tiny", "--out", str(out), "--backend", "xla")
     assert res.returncode == 2 and "invalid choice: 'xla'" in res.stderr
-    assert not (tmp_path / "x").exists()
+    assert not out.exists()
 
 
 def test_neuron_compiler_args():
@@ -292,7 +302,7 @@ def test_xla_without_torch_xla_is_one_line_naming_it():
     res = run_cli_process("port", "gemma-4-e2b", "--tiny", "--backend", "xla", "--json")
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
-    assert res.stderr.startswith("error: backend 'xla' needs torch-xla") and "pip install torch==2.9.0 torch-xla==2.9.0" in res.stderr
+    assert res.stderr.startswith("error: backend 'xla' needs torch-xla") and "pip install torch==2.8.0 torch-xla==2.8.0" in res.stderr
 
 
 @pytest.mark.slow

@@ -25,17 +25,22 @@ def _plan_json(*args):
 def test_plan_recommendations_and_reasons():
     e2b = _plan_json("gemma-4-e2b")
     assert e2b["recommended_tp"] == 1 and e2b["dtype"] == "bf16" and e2b["fits"]
+    # one set of weights bound to both graphs (the default, what the backends build): the E4B fits one core
     e4b = _plan_json("gemma-4-e4b")
-    assert e4b["recommended_tp"] == 2 and e4b["fits"]
-    why = " ".join(e4b["reasons"])
+    assert e4b["recommended_tp"] == 1 and e4b["fits"] and e4b["per_core_bytes"]["second_graph"] == 0
+    assert "plan --separate-weights) the recommended tp would be 2" in " ".join(e4b["reasons"])
+    # with a copy per graph (the field report's first E4B try) one core overflows
+    e4b_separate = _plan_json("gemma-4-e4b", "--separate-weights")
+    assert e4b_separate["recommended_tp"] == 2
+    why = " ".join(_plan_json("gemma-4-e4b", "--separate-weights", "--tp", "1")["reasons"])
     assert "tp 1 does not fit" in why and "7.46 B real parameters" in why and "effective" in why
     b12 = _plan_json("gemma-4-12b")
-    # two separately traced graphs at tp 2 need ~25 GiB per core; ModelBuilder's shared weights fit
-    assert b12["recommended_tp"] is None and b12["tp"] == 2 and not b12["fits"]
-    assert "plan --shared-weights) the recommended tp would be 2" in " ".join(b12["reasons"])
-    shared = _plan_json("gemma-4-12b", "--shared-weights")
-    assert shared["recommended_tp"] == 2 and shared["fits"] and shared["per_core_bytes"]["second_graph"] == 0
-    for d, measured in ((e2b, 44.0), (e4b, 36.0), (b12, 15.0)):
+    assert b12["recommended_tp"] == 2 and b12["fits"] and b12["per_core_bytes"]["second_graph"] == 0
+    # two copies at tp 2 need ~25 GiB per core: no inf2.xlarge degree fits
+    separate = _plan_json("gemma-4-12b", "--separate-weights")
+    assert separate["recommended_tp"] is None and separate["tp"] == 2 and not separate["fits"]
+    assert "the recommended tp would be 2: 12.74 GiB per core" in " ".join(separate["reasons"])
+    for d, measured in ((e2b, 44.0), (e4b_separate, 36.0), (b12, 15.0)):
         assert d["roofline_tok_per_s"] > d["measured_tok_per_s"] == measured
         for key in ("model", "target", "tp", "per_core_bytes", "kv_bytes", "kv_bytes_owners_full_length", "kv_bytes_naive",
                     "host_ram_bytes", "compile_host_ram_bytes", "reasons"):

@@ -126,6 +126,12 @@ def test_the_real_checkpoint_recipe_prints_the_completions(smollm2_recipe):
     assert "[chat] (its chat template)" in stdout and "Paris" in stdout.split("[chat]")[1]
 
 
+def test_the_artifact_holds_the_real_weights_once(smollm2_artifact, smollm2_dir):
+    weights = sum(p.stat().st_size for p in smollm2_dir.glob("*.safetensors"))
+    total = sum(p.stat().st_size for p in smollm2_artifact.rglob("*") if p.is_file())
+    assert weights < total <= 1.15 * weights
+
+
 def test_generate_prints_hf_greedy_text_from_a_compiled_artifact(smollm2_artifact, smollm2_dir):
     for name in ("chat_template.jinja", "generation_config.json", "tokenizer_config.json"):
         assert (smollm2_artifact / name).read_text() == (smollm2_dir / name).read_text()

@@ -1,7 +1,7 @@
 """The XLA path (torch-xla on the CPU PJRT device): the lowering torch-neuronx records graphs through.
 
 Marked ``xla``: skipped where torch-xla is absent; ``.ci/run`` runs them in a second virtualenv
-with torch 2.9 + torch-xla 2.9. The command-line checks run in fresh processes (XLA's device
+with torch 2.8 + torch-xla 2.8. The command-line checks run in fresh processes (XLA's device
 count is fixed per process); the in-process checks use one device.
 """
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from neuron_port.backends.sdk import NEURON_HINT, BackendUnavailableError, require_backend
+from neuron_port.backends.sdk import NEURON_HINT, BackendUnavailableError, check_backend_tp, require_backend
 from neuron_port.errors import NeuronPortError
 
 
@@ -11,8 +11,9 @@ def get_backend(name: str, **options):
 
     ``options`` go to the backend's constructor (``cpu``: ``passes=False`` keeps the traced graph
     as traced; ``neuron``: ``auto_cast``; ``xla``: ``setup``, the rank setup to run as SPMD).
-    neuronx-distributed's ModelBuilder (:mod:`neuron_port.backends.nxd`) is not one of them yet:
-    its pieces are tested on CPU, its build is not wired into artifacts."""
+    neuronx-distributed's ModelBuilder (``nxd``, :mod:`neuron_port.backends.nxd`) builds a whole
+    artifact at once rather than graph by graph: :func:`neuron_port.artifact_writer.write_artifact`
+    calls it directly."""
     if name in ("cpu", "cpu-eager"):
         from neuron_port.backends.cpu import CpuBackend
 
@@ -29,4 +30,4 @@ def get_backend(name: str, **options):
     raise NeuronPortError(f"unknown backend {name!r}; expected cpu, cpu-eager, neuron or xla")
 
 
-__all__ = ["BackendUnavailableError", "require_backend", "get_backend", "NEURON_HINT"]
+__all__ = ["BackendUnavailableError", "require_backend", "check_backend_tp", "get_backend", "NEURON_HINT"]

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from neuron_port.backends.base import Runnable
 from neuron_port.backends.static_graph_passes import optimize_traced
+from neuron_port.backends.weight_pool import WeightPool, bind_graphs, save_lifted, view_key
 
 
 class CpuBackend:
@@ -65,6 +66,19 @@ class CpuBackend:
         import neuron_port.collectives  # noqa: F401  (registers the all-reduce op traced graphs call)
 
         return torch.jit.load(str(path), map_location="cpu")
+
+    def save_graphs(self, graphs: Mapping[str, Runnable], rank_dir: Path, named: Mapping[str, torch.Tensor]) -> list[Path]:
+        """Every graph of a rank with its weights lifted into one pool (:mod:`weight_pool`):
+        ``named`` ({name: tensor}) names the pooled tensors, ``host:`` ones are not stored."""
+        for file, runnable in graphs.items():
+            if not isinstance(runnable, torch.jit.ScriptModule):
+                raise TypeError(f"{file}: only compiled (jit) CPU graphs are saved; compile with mode='jit'")
+        transposed = {view_key(copy): view_key(weight) for weight, copy in self._transposed.values()}
+        return save_lifted(graphs, rank_dir, WeightPool(named, transposed))
+
+    def load_graphs(self, rank_dir: Path, files: Sequence[str], host: Mapping[str, torch.Tensor]) -> dict[str, Runnable]:
+        """The graphs :meth:`save_graphs` wrote, all bound to one copy of the rank's weights."""
+        return bind_graphs(rank_dir, files, host)
 
 
 __all__ = ["CpuBackend"]

@@ -1,8 +1,19 @@
 """Single-core Neuron backend: ``torch_neuronx.trace``, saved with ``torch.jit.save``.
 
 Needs the AWS Neuron SDK (``torch-neuronx`` from the Neuron repository); imported only inside
-the functions below. The KV store's input -> output aliases are passed to the tracer so the
-cache stays resident on the NeuronCore between calls.
+the functions below. The calls follow the torch-neuronx API reference (SDK 2.28); they have not
+run on hardware in this project's CI, and :mod:`tests.test_neuron_contract` checks what is
+handed to the tracer against that reference.
+
+* Weights are kept out of the neff (``inline_weights_to_neff=False``) and every graph of a
+  model is bound to the same state with ``torch_neuronx.replace_weights``, so no graph carries
+  a compile-time copy of its own.
+* No ``input_output_aliases``: torch-neuronx keys them by *parameter tensors of the traced
+  module* (matched with ``torch.equal``), not by input positions, and a state tensor held by one
+  traced module is not visible to another — the prefill and decode graphs would each keep their
+  own cache. The KV store is therefore an ordinary input and output of every graph (a host round
+  trip per step). A device-resident store shared by all graphs needs one owner of the state
+  for every graph: neuronx-distributed's ModelBuilder (``nxd``), not yet built (issue 29).
 """
 
 from __future__ import annotations
@@ -36,12 +47,14 @@ class NeuronBackend:
 
     def compile(self, graph: nn.Module, example_inputs: Sequence[torch.Tensor], aliases: dict[int, int],
                 options: dict[str, Any] | None = None) -> Runnable:
+        """``aliases`` (input index -> output index) is not passed on: see the module docstring."""
         require_backend("neuron")
         import torch_neuronx
 
         args = list((options or {}).get("compiler_args", self.args))
-        return torch_neuronx.trace(graph, tuple(example_inputs), compiler_args=args,
-                                   input_output_aliases=dict(aliases))
+        traced = torch_neuronx.trace(graph, tuple(example_inputs), compiler_args=args, inline_weights_to_neff=False)
+        torch_neuronx.replace_weights(traced, graph.state_dict())
+        return traced
 
     def save(self, runnable: Runnable, path: Path) -> None:
         torch.jit.save(runnable, str(path))

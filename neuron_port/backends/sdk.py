@@ -10,7 +10,7 @@ NEURON_HINT = (
     "(the PyPI packages of those names are placeholders that raise ImportError('WRONG PACKAGE'))"
 )
 
-_VENDOR_MODULE = {"neuron": "torch_neuronx", "nxd": "neuronx_distributed"}
+_VENDOR_MODULES = {"neuron": ("torch_neuronx",), "nxd": ("torch_neuronx", "neuronx_distributed")}
 
 
 class BackendUnavailableError(NeuronPortError, ImportError):
@@ -19,13 +19,25 @@ class BackendUnavailableError(NeuronPortError, ImportError):
 
 def require_backend(name: str) -> None:
     """Fail fast, with the install hint, when ``name`` needs an SDK that is absent."""
-    module = _VENDOR_MODULE.get(name)
-    if module is None:
-        return
-    try:
-        __import__(module)
-    except Exception as exc:  # ImportError, or the placeholder's ImportError("WRONG PACKAGE")
-        raise BackendUnavailableError(f"backend {name!r} needs {module}, which is not usable here ({exc!r}); {NEURON_HINT}") from None
+    for module in _VENDOR_MODULES.get(name, ()):
+        try:
+            __import__(module)
+        except Exception as exc:  # ImportError, or the placeholder's ImportError("WRONG PACKAGE")
+            reason = " ".join(repr(exc).split())  # one line, whatever the placeholder prints
+            raise BackendUnavailableError(f"backend {name!r} needs {module}, which is not usable here ({reason}); "
+                                          f"{NEURON_HINT}") from None
 
 
-__all__ = ["NEURON_HINT", "BackendUnavailableError", "require_backend"]
+def check_backend_tp(name: str, tp: int) -> None:
+    """Refuse a tensor-parallel degree the backend cannot run.
+
+    ``neuron`` traces one NeuronCore per graph: ranks traced separately would each carry the
+    library's gloo all-reduce, which under torch-xla returns the rank's own partial sum, and no
+    runtime setting gives each its core. Tensor parallelism on Neuron goes through
+    neuronx-distributed's ModelBuilder (``nxd``)."""
+    if name == "neuron" and tp > 1:
+        raise NeuronPortError(f"--backend neuron compiles for one NeuronCore and cannot run tp {tp}: "
+                              "use --backend nxd (neuronx-distributed's ModelBuilder) for tensor parallelism")
+
+
+__all__ = ["NEURON_HINT", "BackendUnavailableError", "require_backend", "check_backend_tp"]

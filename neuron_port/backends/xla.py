@@ -40,8 +40,8 @@ from neuron_port.backends.sdk import BackendUnavailableError
 from neuron_port.errors import NeuronPortError
 from neuron_port.step import INPUT_NAMES
 
-XLA_HINT = ("install torch-xla beside the matching torch, in its own virtualenv (torch-xla 2.9 needs torch 2.9): "
-            "pip install torch==2.9.0 torch-xla==2.9.0, then run with PJRT_DEVICE=CPU")
+XLA_HINT = ("install torch-xla beside the matching torch, in its own virtualenv (torch-xla 2.8 needs torch 2.8): "
+            "pip install torch==2.8.0 torch-xla==2.8.0, then run with PJRT_DEVICE=CPU")
 _PROCESS: dict[str, Any] = {}  # XLA's runtime is per process: its device count and dump folder are fixed once
 
 

@@ -12,14 +12,14 @@ from neuron_port.commands.common import (add_dtype_option, add_prompt_options, e
 
 def _cmd_compile(args: argparse.Namespace) -> int:
     from neuron_port.artifact_writer import write_artifact
-    from neuron_port.backends import require_backend
+    from neuron_port.backends import check_backend_tp, require_backend
     from neuron_port.layout import describe
     from neuron_port.models import load_source, parse_dtype
     from neuron_port.ranks import RankSetup
     from neuron_port.shapes import PortShape
 
-    if args.backend == "neuron":
-        require_backend(args.backend)
+    check_backend_tp(args.backend, args.tp)
+    require_backend(args.backend)  # before any model is built: one line naming the Neuron packages
     model, source = load_source(args.model, tiny=args.tiny, seed=args.seed, dtype=parse_dtype(args.dtype))
     setup = RankSetup.for_layout(describe(model), args.tp)
     tok_dir = args.model if Path(args.model).is_dir() else None
@@ -76,8 +76,9 @@ def add(sub) -> None:
     p.add_argument("model")
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--backend", default="cpu", choices=["cpu", "neuron"],
-                   help="cpu (TorchScript) or neuron (torch-neuronx, on an Inferentia2 host); xla graphs are checked "
+    p.add_argument("--backend", default="cpu", choices=["cpu", "neuron", "nxd"],
+                   help="cpu (TorchScript), neuron (torch-neuronx, one NeuronCore) or nxd (neuronx-distributed's "
+                        "ModelBuilder, tensor parallel), the last two on an Inferentia2 host; xla graphs are checked "
                         "in process by 'port --backend xla', not saved")
     p.add_argument("--out", required=True, help="artifact directory (written atomically)")
     p.add_argument("--seed", type=int, default=0)

@@ -41,7 +41,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     config = load_config(args.model, tiny=args.tiny)
     plan = plan_capacity(describe(config), config, args.model, Target.parse(args.target), args.dtype, args.tp,
-                         args.context, tuple(args.buckets), args.batch, args.embeddings_on_device, args.shared_weights)
+                         args.context, tuple(args.buckets), args.batch, args.embeddings_on_device, not args.separate_weights)
     if args.png:
         save_chart(plan, args.png)
     if args.json:
@@ -104,9 +104,10 @@ def add(sub) -> None:
     p.add_argument("--buckets", type=int_list, default=[128])
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--embeddings-on-device", action="store_true")
-    p.add_argument("--shared-weights", action="store_true",
-                   help="prefill and decode share one set of weights (neuronx-distributed's ModelBuilder) "
-                        "instead of one each (separately traced graphs, what this library builds)")
+    p.add_argument("--separate-weights", action="store_true",
+                   help="plan for graphs that each carry their own weights (inlined constants) instead of one "
+                        "set bound to every graph (what this library's backends build)")
+    p.add_argument("--shared-weights", action="store_true", help="the default (kept for older scripts)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--png", default=None, help="write a per-core memory chart (needs matplotlib)")
     p.set_defaults(func=_cmd_plan)

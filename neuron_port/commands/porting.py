@@ -21,8 +21,9 @@ def _cmd_port(args: argparse.Namespace) -> int:
     from neuron_port.shapes import PortShape
 
     if args.backend == "neuron":
-        from neuron_port.backends import require_backend
+        from neuron_port.backends import check_backend_tp, require_backend
 
+        check_backend_tp(args.backend, args.tp)
         require_backend(args.backend)
     elif args.backend == "xla":
         from neuron_port.backends.xla import require_xla
