@@ -9,16 +9,23 @@ What this module builds, all from the library's own shard plan (:mod:`neuron_por
   only, which silently over-scales every layer; :func:`rank_checkpoints` gives the per-rank view;
 * the KV store as ``nn.Parameter``s of a wrapper module (:class:`KVResident`) and the
   ``input_output_aliases`` map that keeps them on the device (:func:`alias_map`);
-* a ModelBuilder with a ``prefill`` and a ``decode`` key, traced and sharded, saved with
-  ``torch.jit.save``; reload with ``torch.jit.load`` followed by
-  ``nxd_model.initialize_with_saved_weights(start_rank)`` (without it the model refuses to run);
-* ``layer_dtype`` (e.g. bf16) casting of the rank checkpoints, which halves the neff;
+* ModelBuilder model instances whose ``get`` returns the module they built with aliases keyed by
+  its own KV parameters (:func:`graph_instance`), a checkpoint keyed as the traced wrapper names
+  its weights (:func:`traced_checkpoint`), one ModelBuilder key per graph traced and sharded
+  (:func:`build`), and a reload that initialises the executor with every rank's shard
+  (:func:`load`: ``nxd_model.initialize(shards, start_rank)``); :class:`ResidentKVRunner` calls
+  the executor the way the port calls runners;
+* ``layer_dtype`` (e.g. bf16) casting of the rank checkpoints, which halves the neff (build the
+  modules in that dtype too: NxD casts the checkpoint to the module's dtype);
 * the spawn guard: ModelBuilder spawns rank workers that re-import the caller's main module,
   so :func:`build` refuses to run inside one (``NEURON_PORT_TP_CHILD``).
 
-Vendor imports happen only inside :func:`build` and :func:`load`. Everything else is plain
-PyTorch and is tested on CPU. The vendor calls follow the public neuronx-distributed source
-(release 2.29); they have not been executed on hardware by this project's CI.
+Vendor imports happen only inside the functions that need them. :func:`parallelize_for_nxd` and
+:func:`nxd_checkpoint` run on neuronx-distributed's real ``parallel_layers`` and
+``get_sharded_checkpoint`` in ``tests/test_nxd_source.py`` (release 2.28.0, over gloo on the
+CPU); the ModelBuilder calls follow that release's source and are checked by a recording stand-in
+(``tests/test_nxd_contract.py``); they have not run on hardware, and no artifact is written with
+them yet.
 """
 
 from __future__ import annotations
@@ -140,57 +147,110 @@ class KVResident(nn.Module):
 
 
 def alias_map(resident: KVResident) -> dict[nn.Parameter, int]:
-    """{kv parameter: output index} — the ``input_output_aliases`` NxD expects."""
+    """{kv parameter: output index} — the ``input_output_aliases`` NxD expects: keys are tensors
+    of the very module that is traced (NxD matches them against that module's state)."""
     return {p: 1 + i for i, p in enumerate(resident.kv)}
 
 
+TRACED_PREFIX = "graph.model."
+"""Where a :class:`KVResident` wrapper names the model's weights: ``graph`` (the static graph)
+then ``model`` (the CausalLM it runs)."""
+
+
+def traced_checkpoint(model: nn.Module, setup: RankSetup, layer_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """:func:`nxd_checkpoint` keyed as the traced wrapper names its weights (``graph.model.<key>``):
+    ModelBuilder shards a checkpoint by the traced module's parameter names and silently keeps
+    none of a checkpoint keyed ``model.layers...``. A tied head stays the embedding's tensor."""
+    return {TRACED_PREFIX + k: v for k, v in nxd_checkpoint(model, setup, layer_dtype).items()}
+
+
+def graph_instance(make_resident: Callable[[], KVResident]) -> Any:
+    """ModelBuilder's model instance for one graph key.
+
+    ``load_module`` builds the KV-resident wrapper (called by ModelBuilder under its parallel
+    state, so ``make_resident`` may build NxD parallel layers); ``get`` returns that module with
+    the aliases of *its own* KV parameters (NxD's BaseModelInstance would rebuild the module and
+    leave the aliases pointing at another instance's tensors)."""
+    require_backend("nxd")
+    from neuronx_distributed.trace.model_builder import BaseModelInstance
+
+    class _ResidentInstance(BaseModelInstance):
+        def __init__(self):
+            super().__init__(make_resident, {})
+
+        def load_module(self):
+            self.module = make_resident()
+
+        def get(self, bucket_rank, **kwargs):
+            return self.module, alias_map(self.module)
+
+    return _ResidentInstance()
+
+
+class ResidentKVRunner:
+    """A step of an NxD executor as the port calls runners: ``runner(*inputs, *kv)``.
+
+    The executor takes the non-KV inputs only; the aliased KV store lives on the device and NxD's
+    packer drops aliased outputs, so the executor returns the logits and the host store handed
+    in is returned unchanged (it is a placeholder of the right shapes)."""
+
+    def __init__(self, executor: Any, n_inputs: int):
+        self.executor = executor
+        self.n_inputs = n_inputs
+
+    def __call__(self, *args: torch.Tensor):
+        out = self.executor(*args[: self.n_inputs])
+        logits = out[0] if isinstance(out, (list, tuple)) else out
+        return (logits, *args[self.n_inputs:])
+
+
 def build(
-    make_prefill: Callable[[], KVResident],
-    make_decode: Callable[[], KVResident],
-    prefill_inputs: Sequence[torch.Tensor],
-    decode_inputs: Sequence[torch.Tensor],
+    graphs: dict[str, tuple[Callable[[], KVResident], Sequence[torch.Tensor]]],
     checkpoint_loader: Callable[[], dict[str, torch.Tensor]],
     tp: int,
     out_dir: Path,
     compiler_args: str = "--model-type=transformer --auto-cast=none",
 ) -> Path:
-    """Trace both keys with ModelBuilder, save the executor and the sharded checkpoints.
+    """Trace every graph key with one ModelBuilder and save the executor and the per-rank shards.
 
-    ``make_prefill`` / ``make_decode`` build :class:`KVResident` graphs over a model passed through
-    :func:`parallelize_for_nxd`; ``checkpoint_loader`` is typically
-    ``lambda: nxd_checkpoint(model, setup, torch.bfloat16)`` (buffers included).
-    """
+    ``graphs``: {key: (make_resident, non-KV example inputs)}; every key's KV parameters must have
+    the same names and shapes (NxD keeps one state for all keys). ``checkpoint_loader`` returns
+    the full checkpoint keyed as the traced module names it (:func:`traced_checkpoint`); build
+    the modules in the checkpoint's dtype (NxD casts the checkpoint to the module's dtype).
+    Writes ``model.pt`` and ``weights/tp{r}_sharded_checkpoint.safetensors``."""
     if is_tp_child():
         raise RuntimeError(f"nxd build called inside a rank worker ({CHILD_ENV}=1): refusing to re-spawn")
     require_backend("nxd")
-    from neuronx_distributed.trace.model_builder import BaseModelInstance, ModelBuilder
+    from neuronx_distributed.trace.model_builder import ModelBuilder
 
-    os.environ[CHILD_ENV] = "1"  # inherited by ModelBuilder's spawned workers
+    os.environ[CHILD_ENV] = "1"  # inherited by any worker ModelBuilder starts
     try:
         builder = ModelBuilder(router=None, tp_degree=tp, checkpoint_loader=checkpoint_loader,
                                compiler_workdir=str(Path(out_dir) / "compiler"))
-        prefill = make_prefill()
-        decode = make_decode()
-        builder.add("prefill", BaseModelInstance(make_prefill, alias_map(prefill)), [tuple(prefill_inputs)], compiler_args)
-        builder.add("decode", BaseModelInstance(make_decode, alias_map(decode)), [tuple(decode_inputs)], compiler_args)
+        for key, (make_resident, inputs) in graphs.items():
+            builder.add(key, graph_instance(make_resident), [tuple(inputs)], compiler_args)
         executor = builder.trace(initialize_model_weights=False)
         path = Path(out_dir) / "model.pt"
         torch.jit.save(executor, str(path))
-        builder.shard_checkpoint(str(Path(out_dir) / "weights"))
+        builder.shard_checkpoint(serialize_path=str(Path(out_dir) / "weights"))
         return path
     finally:
         os.environ.pop(CHILD_ENV, None)
 
 
-def load(artifact_dir: Path, start_rank: int = 0) -> Any:
-    """``torch.jit.load`` then ``initialize_with_saved_weights`` (load-bearing, not cosmetic)."""
+def load(artifact_dir: Path, tp: int, start_rank: int = 0) -> Any:
+    """``torch.jit.load`` the executor, then ``nxd_model.initialize`` with every rank's shard
+    (``initialize_with_saved_weights`` after a trace without weights would run placeholders)."""
     require_backend("nxd")
-    import torch_neuronx  # noqa: F401
+    import torch_neuronx  # noqa: F401  (registers the Neuron runtime ops)
+    from safetensors.torch import load_file
 
     model = torch.jit.load(str(Path(artifact_dir) / "model.pt"))
-    model.nxd_model.initialize_with_saved_weights(torch.tensor(start_rank))
+    shards = [load_file(str(Path(artifact_dir) / "weights" / f"tp{r}_sharded_checkpoint.safetensors")) for r in range(tp)]
+    model.nxd_model.initialize(shards, torch.tensor([start_rank], dtype=torch.int32))
     return model
 
 
-__all__ = ["expanded_kv_rows", "nxd_checkpoint", "parallelize_for_nxd", "rank_checkpoints", "save_rank_checkpoints",
-           "KVResident", "alias_map", "build", "load"]
+__all__ = ["expanded_kv_rows", "nxd_checkpoint", "traced_checkpoint", "parallelize_for_nxd", "rank_checkpoints",
+           "save_rank_checkpoints", "KVResident", "alias_map", "graph_instance", "ResidentKVRunner", "build", "load",
+           "TRACED_PREFIX"]
