@@ -6,9 +6,10 @@ Layout::
     DIR/config.json              the text config the graphs were built from
     DIR/embeddings.safetensors   host tables (word, per-layer)
     DIR/tokenizer.json           when the source had one
-    DIR/rank{r}/weights.safetensors   rank r's shard of the transformer, once for all its graphs
-    DIR/rank{r}/graph_weights.json    which of those tensors each graph takes (CPU backend)
-    DIR/rank{r}/prefill_{bucket}.pt, decode_{kv_len}.pt   compiled graphs, without the weights
+    DIR/rank{r}/weights.safetensors   (cpu) rank r's shard of the transformer, once for all its graphs
+    DIR/rank{r}/graph_weights.json    (cpu) which of those tensors each graph takes, and their specs
+    DIR/rank{r}/prefill_{bucket}.pt, decode_{kv_len}.pt   compiled graphs (cpu: without the weights;
+                                      neuron: torch-neuronx's files, each with its weights)
 
 The manifest records the library, backend and component versions, the config hash, a weights
 fingerprint (tensor names, shapes, dtypes and contents), buckets, KV lengths, TP degree, KV

@@ -132,3 +132,45 @@ def test_loaded_graphs_share_one_copy_of_the_weights(tmp_path):
 
     header = read_header(art / "rank0" / POOL_FILE)[0]
     assert not any(sorted(v.get("shape", [])) == sorted(word_shape) for k, v in header.items() if k != "__metadata__")
+
+
+def test_a_view_is_recorded_against_the_named_tensor_that_holds_it():
+    big = torch.randn(8, 4)
+    a, b = big[:4], big[4:]
+    pool = WeightPool({"a": a, "b": b})
+    assert pool.add(b.t())["view_of"] == "b" and pool.add(a.t())["view_of"] == "a"
+    assert pool.add(a.t()) == {"view_of": "a", "shape": [4, 4], "stride": [1, 4], "offset": 0}
+    # another dtype over the same memory is not a view of it: pooled by value
+    w = torch.randn(4, 16)
+    other = WeightPool({"w": w}).add(w.view(torch.int32)[:, :8].t())
+    assert isinstance(other, str) and other.startswith("constant.")
+
+
+class _Counter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(64))
+
+    def forward(self, x):
+        self.seen.add_(x)
+        return x * 2
+
+
+def test_state_a_graph_writes_is_not_lifted_into_the_shared_pool():
+    frozen = _frozen(_Counter(), torch.ones(64))
+    with pytest.raises(ValueError, match="writes its attribute 'seen' in place"):
+        lift_constants(frozen)
+
+
+def test_binding_refuses_a_host_table_of_another_dtype(tmp_path):
+    from neuron_port.backends.weight_pool import bind_graphs, save_lifted
+
+    torch.manual_seed(0)
+    module, x, kv = _Tied(), torch.randn(3, 16), torch.zeros(3, 16)
+    frozen = _frozen(module, x, kv)
+    word = module.embed.weight.detach()
+    save_lifted({"g.pt": frozen}, tmp_path, WeightPool({"host:word": word, "up.weight": module.up.weight.detach()}))
+    bound = bind_graphs(tmp_path, ["g.pt"], {"word": word})["g.pt"]
+    assert torch.equal(bound(x, kv.clone())[0], frozen(x, kv.clone())[0])
+    with pytest.raises(ValueError, match="expected torch.float32"):
+        bind_graphs(tmp_path, ["g.pt"], {"word": word.double()})

@@ -49,6 +49,11 @@ def test_port_through_xla_matches_hugging_face_and_lowers_cleanly(args):
         assert x["aliased_buffers"][graph] == x["kv_tensors"][graph] > 0, graph  # the whole store stays resident
     tp = int(args[2]) if len(args) > 2 else 1
     assert x["devices"] == tp
+    # both graphs read one set of device weights: one model moved, its bytes once
+    model = build_model(load_config(args[0], tiny=True), seed=0)
+    state_bytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in [*model.parameters(), *model.buffers()]}.values())
+    # (at tp > 1 the SPMD layout adds the plan's expanded K/V rows; a second copy would double it)
+    assert x["weight_copies"] == 1 and state_bytes <= x["weight_bytes_to_device"] < 1.5 * state_bytes
     for graph in graphs:
         assert (x["hlo_opcodes"][graph].get("all-reduce", 0) > 0) == (tp > 1), graph
 

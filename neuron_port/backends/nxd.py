@@ -160,7 +160,7 @@ then ``model`` (the CausalLM it runs)."""
 def traced_checkpoint(model: nn.Module, setup: RankSetup, layer_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """:func:`nxd_checkpoint` keyed as the traced wrapper names its weights (``graph.model.<key>``):
     ModelBuilder shards a checkpoint by the traced module's parameter names and silently keeps
-    none of a checkpoint keyed ``model.layers...``. A tied head stays the embedding's tensor."""
+    none of a checkpoint keyed by the checkpoint's own names. A tied head stays the embedding's tensor."""
     return {TRACED_PREFIX + k: v for k, v in nxd_checkpoint(model, setup, layer_dtype).items()}
 
 
@@ -239,14 +239,16 @@ def build(
 
 
 def load(artifact_dir: Path, tp: int, start_rank: int = 0) -> Any:
-    """``torch.jit.load`` the executor, then ``nxd_model.initialize`` with every rank's shard
+    """``torch.jit.load`` the executor, then ``nxd_model.initialize`` with the shards of ranks
+    ``start_rank .. start_rank + tp - 1`` (this host's)
     (``initialize_with_saved_weights`` after a trace without weights would run placeholders)."""
     require_backend("nxd")
     import torch_neuronx  # noqa: F401  (registers the Neuron runtime ops)
     from safetensors.torch import load_file
 
     model = torch.jit.load(str(Path(artifact_dir) / "model.pt"))
-    shards = [load_file(str(Path(artifact_dir) / "weights" / f"tp{r}_sharded_checkpoint.safetensors")) for r in range(tp)]
+    shards = [load_file(str(Path(artifact_dir) / "weights" / f"tp{r}_sharded_checkpoint.safetensors"))
+              for r in range(start_rank, start_rank + tp)]
     model.nxd_model.initialize(shards, torch.tensor([start_rank], dtype=torch.int32))
     return model
 

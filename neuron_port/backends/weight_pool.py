@@ -19,6 +19,7 @@ Layout of a rank directory::
     weights.safetensors          every pooled tensor, once
     graph_weights.json           {graph file: [entry, ...]} in input order: a pooled or host
                                  tensor's name, or a view of one ({"view_of", "shape", "stride", "offset"})
+    graph_weight_specs.json      {graph file: [[dtype, shape], ...]}: checked for every bound tensor
     prefill_32.pt, decode_256.pt ...   lifted graphs (torch.jit.save of a ScriptFunction)
 """
 
@@ -32,7 +33,7 @@ from typing import Mapping, Sequence
 import torch
 from safetensors.torch import save_file
 
-from neuron_port.tensorfile import read_header, read_tensors
+from neuron_port.tensorfile import DTYPES, read_header, read_tensors
 
 LIFT_MIN_BYTES = 256
 """Tensor constants at least this large leave the graph for the pool; smaller ones (scalars,
@@ -40,6 +41,7 @@ norm offsets) stay inline, where an extra call argument would cost more than the
 
 POOL_FILE = "weights.safetensors"
 INDEX_FILE = "graph_weights.json"
+SPEC_FILE = "graph_weight_specs.json"
 HOST_PREFIX = "host:"
 
 
@@ -74,6 +76,11 @@ def lift_constants(frozen: torch.jit.ScriptModule, min_bytes: int = LIFT_MIN_BYT
         node = use.user
         if node.kind() != "prim::GetAttr" or not isinstance(node.output().type(), torch._C.TensorType):
             raise ValueError(f"lift_constants needs a frozen graph; this one still reads the module ({node.kind()})")
+        if graph.alias_db().has_writers(node.output()):
+            # freezing keeps an attribute the graph writes: shared by every graph of the pool, one
+            # graph's writes would show in the others
+            raise ValueError(f"lift_constants: the graph writes its attribute {node.s('name')!r} in place; "
+                             "such state cannot be shared through the weight pool")
         arg = graph.addInput()
         arg.setType(node.output().type())
         node.output().replaceAllUsesWith(arg)
@@ -95,7 +102,10 @@ class WeightPool:
     def __init__(self, named: Mapping[str, torch.Tensor], transposed: Mapping[tuple, tuple] | None = None):
         self.named = dict(named)
         self.names = {view_key(t): name for name, t in self.named.items()}
-        self._storages = {t.untyped_storage().data_ptr(): name for name, t in self.named.items() if t.is_contiguous()}
+        self._storages: dict[int, list[str]] = {}
+        for name, t in self.named.items():
+            if t.is_contiguous():
+                self._storages.setdefault(t.untyped_storage().data_ptr(), []).append(name)
         self.transposed = dict(transposed or {})
         self.tensors: dict[str, torch.Tensor] = {}
         self._by_view: dict[tuple, str | dict] = {}
@@ -110,12 +120,19 @@ class WeightPool:
         return None
 
     def _view_entry(self, tensor: torch.Tensor) -> dict | None:
-        base_name = self._storages.get(tensor.untyped_storage().data_ptr())
-        if base_name is None:
+        """A view of a named contiguous tensor of the same dtype whose elements hold every element
+        the view reads; None when there is none (the tensor is then pooled by value)."""
+        if tensor.numel() == 0:
             return None
-        base = self.named[base_name]
-        return {"view_of": self.add(base), "shape": list(tensor.shape), "stride": list(tensor.stride()),
-                "offset": tensor.storage_offset() - base.storage_offset()}
+        lowest = tensor.storage_offset()
+        highest = lowest + sum((n - 1) * st for n, st in zip(tensor.shape, tensor.stride()))
+        for base_name in self._storages.get(tensor.untyped_storage().data_ptr(), []):
+            base = self.named[base_name]
+            start = base.storage_offset()
+            if base.dtype == tensor.dtype and start <= lowest and highest < start + base.numel():
+                return {"view_of": self.add(base), "shape": list(tensor.shape), "stride": list(tensor.stride()),
+                        "offset": lowest - start}
+        return None
 
     def add(self, tensor: torch.Tensor) -> str | dict:
         """The entry of ``tensor``: an existing one when the same values are pooled already."""
@@ -141,7 +158,11 @@ class WeightPool:
         (safetensors refuses shared memory)."""
         seen: set[int] = set()
         out = {}
+        readable = set(DTYPES.values())
         for name, t in self.tensors.items():
+            if t.dtype not in readable:
+                raise TypeError(f"pooled tensor {name!r} has dtype {t.dtype}, which the artifact reader does not "
+                                f"read (expected one of {sorted(str(d) for d in readable)})")
             ptr = t.untyped_storage().data_ptr()
             out[name] = t.clone() if ptr in seen else t
             seen.add(ptr)
@@ -152,15 +173,18 @@ def save_lifted(graphs: Mapping[str, torch.jit.ScriptModule], rank_dir: Path, po
     """Lift, pool and save every frozen graph ({file name: graph}); returns the files written."""
     rank_dir.mkdir(parents=True, exist_ok=True)
     index: dict[str, list[str | dict]] = {}
+    specs: dict[str, list[list]] = {}
     paths = []
     for file, frozen in graphs.items():
         function, tensors = lift_constants(frozen)
         index[file] = [pool.add(t) for t in tensors]
+        specs[file] = [[str(t.dtype), list(t.shape)] for t in tensors]
         function.save(str(rank_dir / file))
         paths.append(rank_dir / file)
     pool.save(rank_dir / POOL_FILE)
     (rank_dir / INDEX_FILE).write_text(json.dumps(index, indent=1))
-    return paths + [rank_dir / POOL_FILE, rank_dir / INDEX_FILE]
+    (rank_dir / SPEC_FILE).write_text(json.dumps(specs))
+    return paths + [rank_dir / POOL_FILE, rank_dir / INDEX_FILE, rank_dir / SPEC_FILE]
 
 
 class BoundGraph:
@@ -204,6 +228,7 @@ def bind_graphs(rank_dir: Path, files: Sequence[str], host: Mapping[str, torch.T
     import neuron_port.collectives  # noqa: F401  (registers the all-reduce op traced graphs call)
 
     index = json.loads((rank_dir / INDEX_FILE).read_text())
+    specs = json.loads((rank_dir / SPEC_FILE).read_text())
     header = read_header(rank_dir / POOL_FILE)
     pooled = read_tensors(rank_dir / POOL_FILE, {k: k for k in header[0] if k != "__metadata__"}, header)
     made: dict[str, torch.Tensor] = {}
@@ -212,9 +237,13 @@ def bind_graphs(rank_dir: Path, files: Sequence[str], host: Mapping[str, torch.T
         if file not in index:
             raise KeyError(f"{rank_dir / INDEX_FILE} lists no tensors for graph {file}")
         tensors = [_entry_tensor(e, pooled, host, made) for e in index[file]]
+        for i, (tensor, (dtype, shape)) in enumerate(zip(tensors, specs[file])):
+            if str(tensor.dtype) != dtype or list(tensor.shape) != shape:
+                raise ValueError(f"{rank_dir.name}/{file}: input tensor {i} ({index[file][i]}) expected {dtype} "
+                                 f"{shape}, found {tensor.dtype} {list(tensor.shape)}")
         out[file] = BoundGraph(torch.jit.load(str(rank_dir / file), map_location="cpu"), tensors)
     return out
 
 
-__all__ = ["LIFT_MIN_BYTES", "POOL_FILE", "view_key", "INDEX_FILE", "HOST_PREFIX", "lift_constants", "WeightPool", "save_lifted",
+__all__ = ["LIFT_MIN_BYTES", "POOL_FILE", "view_key", "INDEX_FILE", "SPEC_FILE", "HOST_PREFIX", "lift_constants", "WeightPool", "save_lifted",
            "BoundGraph", "bind_graphs"]

@@ -7,6 +7,8 @@ graphs, their weights and the KV store on the XLA device:
 
 * one sync per step (host inputs go to the device, the step runs, the logits come back); a store
   grown between steps is materialised by one more, as a small graph of its own;
+* the weights are moved once: every graph of a model reads the same device buffers (the report's
+  ``weight_copies`` and ``weight_bytes_to_device``);
 * the store's tensors are written back in place after every step, so XLA aliases (donates) them
   to the step's outputs and the store stays resident; a grown store is made on the device;
 * graphs run under ``no_grad``, never ``inference_mode`` (lazy tensors cannot be inference tensors);
@@ -235,6 +237,7 @@ class XlaBackend:
         self.device = self.xla.device()
         self.recorder = LoweringRecorder(dump, bool(_PROCESS.get("ours")))
         self._placed: set[int] = set()
+        self.weight_bytes_to_device = 0  # parameters and buffers of every model moved to the device
         self.ran: dict[str, int] = {}  # graph name -> KV tensors it takes, for every graph that ran
         self.resident: set[int] = set()  # the store tensors the last step left on the device
 
@@ -248,6 +251,8 @@ class XlaBackend:
     def _place_model(self, model: nn.Module) -> None:
         if id(model) in self._placed:
             return
+        tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}.values()
+        self.weight_bytes_to_device += sum(t.numel() * t.element_size() for t in tensors)
         model.to(self.device)
         if self.devices > 1:
             from neuron_port.spmd import weight_splits
@@ -266,8 +271,11 @@ class XlaBackend:
         return XlaRunner(self, name, graph, len(aliases))
 
     def report(self) -> dict[str, Any]:
-        """What the lowering of every graph run so far looked like (see :class:`LoweringRecorder`)."""
-        return self.recorder.report(self.devices, self.ran)
+        """What the lowering of every graph run so far looked like (see :class:`LoweringRecorder`),
+        with the weights moved to the device: ``weight_copies`` (models placed: 1 when every graph
+        reads the same device weight buffers) and ``weight_bytes_to_device``."""
+        return {**self.recorder.report(self.devices, self.ran), "weight_copies": len(self._placed),
+                "weight_bytes_to_device": self.weight_bytes_to_device}
 
     def save(self, runnable: Any, path: Path) -> None:
         raise NeuronPortError("xla graphs are lowered and checked in process (neuron-port port --backend xla); "
