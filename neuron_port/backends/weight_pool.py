@@ -50,6 +50,30 @@ def view_key(t: torch.Tensor) -> tuple:
     return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
 
 
+_VIEW_OPS = {"aten::to", "aten::view", "aten::reshape", "aten::select", "aten::slice", "aten::expand", "aten::t",
+             "aten::transpose", "aten::permute", "aten::unsqueeze", "aten::squeeze", "aten::as_strided", "aten::detach",
+             "aten::contiguous", "aten::type_as", "aten::view_as", "aten::expand_as", "aten::narrow"}
+
+
+def _written_in_place(value) -> bool:
+    """Whether an in-place op (``aten::*_``) writes ``value`` or a view of it. (TorchScript's alias
+    analysis answers yes for any value that reaches a list or an op of unknown aliasing, which
+    includes attributes the graph only reads.)"""
+    seen, todo = set(), [value]
+    while todo:
+        v = todo.pop()
+        if v.unique() in seen:
+            continue
+        seen.add(v.unique())
+        for use in v.uses():
+            kind = use.user.kind()
+            if kind.startswith("aten::") and kind.endswith("_") and use.offset == 0:
+                return True
+            if kind in _VIEW_OPS and use.offset == 0:
+                todo.extend(use.user.outputs())
+    return False
+
+
 def lift_constants(frozen: torch.jit.ScriptModule, min_bytes: int = LIFT_MIN_BYTES
                    ) -> tuple[torch.jit.ScriptFunction, list[torch.Tensor]]:
     """A frozen module's forward as a function whose large tensor constants are trailing inputs.
@@ -76,7 +100,7 @@ def lift_constants(frozen: torch.jit.ScriptModule, min_bytes: int = LIFT_MIN_BYT
         node = use.user
         if node.kind() != "prim::GetAttr" or not isinstance(node.output().type(), torch._C.TensorType):
             raise ValueError(f"lift_constants needs a frozen graph; this one still reads the module ({node.kind()})")
-        if graph.alias_db().has_writers(node.output()):
+        if _written_in_place(node.output()):
             # freezing keeps an attribute the graph writes: shared by every graph of the pool, one
             # graph's writes would show in the others
             raise ValueError(f"lift_constants: the graph writes its attribute {node.s('name')!r} in place; "
