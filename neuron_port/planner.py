@@ -7,13 +7,13 @@ Formulas (all bytes; ``b`` = bytes per element of the dtype):
   (replicated when n_kv < tp), norms and per-layer-input projections replicated, the tied LM
   head (vocab x hidden) replicated. Embedding tables stay on the host unless asked otherwise.
   Real parameter counts, never "effective" ones.
-* A second graph: every backend of this library binds one set of weights to all its graphs
-  (single core: weights kept out of the neffs and bound with ``replace_weights``; tensor
-  parallel: neuronx-distributed's ModelBuilder, one set shared by its keys; CPU: one weights
-  file), so the default is x1. ``graphs_share_weights=False`` (``plan --separate-weights``)
-  plans for graphs that each carry their own constants (x2: a plain ``torch_neuronx.trace``
-  with inlined weights, the field report's E4B overflow on one core), and the plan says so
-  when that would change the recommended degree.
+* A second graph: neuronx-distributed's ModelBuilder keeps one set of weights for all its keys
+  (its NxDModel runs every bucket model over the same weights), which is the device path this
+  library targets at every degree, and the CPU artifacts hold one weights file per rank; so the
+  default is x1. ``graphs_share_weights=False`` (``plan --separate-weights``) plans for graphs
+  that each carry their own copy (x2: separately traced ``torch_neuronx.trace`` graphs, each
+  loading its weights; the field report's E4B overflow on one core), and the plan says so when
+  that would change the recommended degree.
 * KV store = the runtime's own accounting (:func:`kvcache.kv_store_spec`): owners only, sliding
   owners as rings of the window, per rank at its local KV-head count.
 * Other = a runtime reserve (``RUNTIME_RESERVE``) plus the largest activation working set
@@ -209,7 +209,7 @@ def _fit_reasons(sizing: _Sizing, chosen: int, cores: dict[str, int], ok: bool, 
     reasons.append(
         f"tp {chosen}: {sum(cores.values()) / GiB:.2f} GiB per core of {target.hbm_per_core / GiB:.0f} GiB "
         f"({'fits' if ok else 'does not fit'}); prefill and decode "
-        f"{'share one set of weights' if cores['second_graph'] == 0 else 'each carry the weights (inlined constants)'}"
+        f"{'share one set of weights' if cores['second_graph'] == 0 else 'each carry the weights (separate traces)'}"
     )
     if recommended is None:
         reasons.append(f"no tp up to {target.cores} cores fits {target.name}")
@@ -217,9 +217,9 @@ def _fit_reasons(sizing: _Sizing, chosen: int, cores: dict[str, int], ok: bool, 
     valid = [t for t in valid_model_tp(sizing.layout) if t <= target.cores]
     other_tp = next((t for t in valid if other.fits(t)), None)
     if other_tp != recommended:
-        how = ("with one set of weights shared by both graphs (what this library builds; plan without "
-               "--separate-weights)" if other.graphs_share_weights else
-               "with graphs that each carry their own weights (inlined constants; plan --separate-weights)")
+        how = ("with one set of weights shared by both graphs (ModelBuilder; plan without --separate-weights)"
+               if other.graphs_share_weights else
+               "with graphs that each carry their own weights (separate traces; plan --separate-weights)")
         found = (f"{other_tp}: {sum(other.per_core(other_tp).values()) / GiB:.2f} GiB per core" if other_tp is not None
                  else f"none: no tp up to {target.cores} cores fits")
         reasons.append(f"{how} the recommended tp would be {found}")
@@ -257,8 +257,8 @@ def plan_capacity(
 ) -> Plan:
     """The capacity plan at ``tp`` (or at the recommended degree when ``tp`` is None).
 
-    ``graphs_share_weights``: prefill and decode hold one set of weights (what every backend of
-    this library builds); False plans for graphs that each carry their own copy."""
+    ``graphs_share_weights``: prefill and decode hold one set of weights (ModelBuilder; the CPU
+    artifacts); False plans for graphs that each carry their own copy (separate traces)."""
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, found {dtype!r}")
     b = DTYPE_BYTES[dtype]

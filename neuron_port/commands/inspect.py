@@ -105,8 +105,8 @@ def add(sub) -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--embeddings-on-device", action="store_true")
     p.add_argument("--separate-weights", action="store_true",
-                   help="plan for graphs that each carry their own weights (inlined constants) instead of one "
-                        "set bound to every graph (what this library's backends build)")
+                   help="plan for graphs that each carry their own weights (separately traced graphs) instead "
+                        "of one set shared by every graph (neuronx-distributed's ModelBuilder, the default)")
     p.add_argument("--shared-weights", action="store_true", help="the default (kept for older scripts)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--png", default=None, help="write a per-core memory chart (needs matplotlib)")
