@@ -99,15 +99,20 @@ def _resident(graph, spec, dtype):
 
 def test_builder_traces_the_module_it_built_with_its_own_aliases(fake_nxd, tmp_path):
     model, setup, stores, spec, _ = _pieces()
-    graphs = {"prefill_16": (lambda: _resident(PrefillGraph(model, spec, 16), spec, torch.float32), []),
-              "decode_64": (lambda: _resident(DecodeGraph(model, spec), spec, torch.float32), [])}
+    graphs = {"prefill_16": (lambda: _resident(PrefillGraph(model, spec, 16), spec, torch.float32), [torch.zeros(1, 16)]),
+              "decode_64": (lambda: _resident(DecodeGraph(model, spec), spec, torch.float32), [torch.zeros(1, 1)])}
     nxd.build(graphs, lambda: nxd.traced_checkpoint(model, setup), 1, tmp_path)
     builder = RecordingModelBuilder.last
     assert set(builder.traced) == {"prefill_16", "decode_64"}
-    # every weight of the traced module is in the checkpoint ModelBuilder keeps (KV is state, not weights)
+    # every weight of the traced module is in the checkpoint ModelBuilder keeps (KV is state, not
+    # weights), a tied one under one of the names it goes by
     for module in builder.traced.values():
-        weights = {n for n, _ in module.named_parameters() if not n.startswith("kv.")}
-        assert weights and weights <= set(builder.kept), sorted(weights - set(builder.kept))[:5]
+        names_of: dict[int, set[str]] = {}
+        for name, tensor in module.named_parameters(remove_duplicate=False):
+            if not name.startswith("kv."):
+                names_of.setdefault(id(tensor), set()).add(name)
+        missing = [sorted(names) for names in names_of.values() if not names & set(builder.kept)]
+        assert names_of and not missing, missing[:5]
 
 
 def test_plain_base_model_instance_aliases_another_modules_tensors(fake_nxd):
@@ -128,6 +133,14 @@ def test_checkpoint_keyed_by_checkpoint_names_keeps_nothing(fake_nxd, tmp_path):
     assert builder.kept == {}  # what the old loader handed ModelBuilder: 0 keys kept
     nxd.build(graphs, lambda: nxd.traced_checkpoint(model, setup), 1, tmp_path)
     assert len(RecordingModelBuilder.last.kept) > 0
+
+
+def test_graphs_the_executor_could_not_tell_apart_are_refused(fake_nxd, tmp_path):
+    model, setup, stores, spec, _ = _pieces()
+    make = lambda: _resident(DecodeGraph(model, spec), spec, torch.float32)  # noqa: E731
+    same = [torch.zeros(1, 1)]
+    with pytest.raises(ValueError, match="same shapes"):
+        nxd.build({"decode_64": (make, same), "prefill_1": (make, same)}, lambda: {}, 1, tmp_path)
 
 
 def test_bf16_needs_a_bf16_module(fake_nxd, tmp_path):
@@ -175,3 +188,14 @@ def test_load_initializes_with_every_ranks_shard(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.jit, "load", lambda path: executor)
     assert nxd.load(tmp_path, tp=2) is executor
     assert seen["ranks"] == [0.0, 1.0] and seen["start"].dtype == torch.int32 and int(seen["start"]) == 0
+
+
+def test_a_tied_head_is_given_once_under_the_name_nxd_keeps():
+    """safetensors refuses two names sharing memory; NxD's duplicate removal keeps the sorted-first name."""
+    model, setup, *_ = _pieces()
+    checkpoint = nxd.traced_checkpoint(model, setup)
+    tied = sorted(nxd.TRACED_PREFIX + n for n in ("lm_head.weight", "model.embed_tokens.weight"))
+    present = [n for n in tied if n in checkpoint]
+    assert present == [tied[0]], present
+    pointers = [t.data_ptr() for t in checkpoint.values()]
+    assert len(pointers) == len(set(pointers))

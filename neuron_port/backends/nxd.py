@@ -17,15 +17,16 @@ What this module builds, all from the library's own shard plan (:mod:`neuron_por
   the executor the way the port calls runners;
 * ``layer_dtype`` (e.g. bf16) casting of the rank checkpoints, which halves the neff (build the
   modules in that dtype too: NxD casts the checkpoint to the module's dtype);
-* the spawn guard: ModelBuilder spawns rank workers that re-import the caller's main module,
-  so :func:`build` refuses to run inside one (``NEURON_PORT_TP_CHILD``).
+* a guard: :func:`build` refuses to run inside one of the library's own rank workers
+  (``NEURON_PORT_TP_CHILD``); release 2.28.0's ModelBuilder traces every rank in the calling
+  process under a mocked process group.
 
 Vendor imports happen only inside the functions that need them. :func:`parallelize_for_nxd` and
 :func:`nxd_checkpoint` run on neuronx-distributed's real ``parallel_layers`` and
 ``get_sharded_checkpoint`` in ``tests/test_nxd_source.py`` (release 2.28.0, over gloo on the
 CPU); the ModelBuilder calls follow that release's source and are checked by a recording stand-in
 (``tests/test_nxd_contract.py``); they have not run on hardware, and no artifact is written with
-them yet.
+them. :mod:`neuron_port.backends.nxd_artifact` writes and loads whole artifacts with them.
 """
 
 from __future__ import annotations
@@ -160,8 +161,22 @@ then ``model`` (the CausalLM it runs)."""
 def traced_checkpoint(model: nn.Module, setup: RankSetup, layer_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """:func:`nxd_checkpoint` keyed as the traced wrapper names its weights (``graph.model.<key>``):
     ModelBuilder shards a checkpoint by the traced module's parameter names and silently keeps
-    none of a checkpoint keyed by the checkpoint's own names. A tied head stays the embedding's tensor."""
-    return {TRACED_PREFIX + k: v for k, v in nxd_checkpoint(model, setup, layer_dtype).items()}
+    none of a checkpoint keyed by the checkpoint's own names. A tensor the module holds under
+    several names (a tied head) is given once, under the first of them in sorted order: the name
+    NxD's own duplicate removal keeps (``safetensors_utils.check_for_duplicate_tensors``), which
+    safetensors needs (it refuses shared tensors) and NxD's shared-tensor test runs."""
+    state = nxd_checkpoint(model, setup, layer_dtype)
+    names_of: dict[int, list[str]] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        names_of.setdefault(id(tensor), []).append(name)
+    for names in names_of.values():
+        held = [n for n in names if n in state]
+        if held:
+            tensor = state[held[0]]
+            for name in held:
+                del state[name]
+            state[sorted(names)[0]] = tensor
+    return {TRACED_PREFIX + k: v for k, v in state.items()}
 
 
 def graph_instance(make_resident: Callable[[], KVResident]) -> Any:
@@ -210,6 +225,7 @@ def build(
     tp: int,
     out_dir: Path,
     compiler_args: str = "--model-type=transformer --auto-cast=none",
+    compiler_workdir: str | Path | None = None,
 ) -> Path:
     """Trace every graph key with one ModelBuilder and save the executor and the per-rank shards.
 
@@ -217,16 +233,26 @@ def build(
     the same names and shapes (NxD keeps one state for all keys). ``checkpoint_loader`` returns
     the full checkpoint keyed as the traced module names it (:func:`traced_checkpoint`); build
     the modules in the checkpoint's dtype (NxD casts the checkpoint to the module's dtype).
-    Writes ``model.pt`` and ``weights/tp{r}_sharded_checkpoint.safetensors``."""
+    Writes ``model.pt`` and ``weights/tp{r}_sharded_checkpoint.safetensors``; the compiler works
+    in ``compiler_workdir`` (default ``out_dir/compiler``). NxD's executor picks a graph by the
+    shapes of its inputs, so two keys with the same input shapes are refused."""
     if is_tp_child():
         raise RuntimeError(f"nxd build called inside a rank worker ({CHILD_ENV}=1): refusing to re-spawn")
     require_backend("nxd")
     from neuronx_distributed.trace.model_builder import ModelBuilder
 
+    routes: dict[str, str] = {}
+    for key, (_, inputs) in graphs.items():
+        shapes = str([tuple(t.shape) for t in inputs])
+        if shapes in routes:
+            raise ValueError(f"graphs {routes[shapes]!r} and {key!r} take inputs of the same shapes {shapes}: "
+                             "NxD's executor routes a call by its input shapes and could not tell them apart")
+        routes[shapes] = key
+
     os.environ[CHILD_ENV] = "1"  # inherited by any worker ModelBuilder starts
     try:
         builder = ModelBuilder(router=None, tp_degree=tp, checkpoint_loader=checkpoint_loader,
-                               compiler_workdir=str(Path(out_dir) / "compiler"))
+                               compiler_workdir=str(compiler_workdir or Path(out_dir) / "compiler"))
         for key, (make_resident, inputs) in graphs.items():
             builder.add(key, graph_instance(make_resident), [tuple(inputs)], compiler_args)
         executor = builder.trace(initialize_model_weights=False)
