@@ -10,6 +10,7 @@ the compiler's fused attention, so attention stays eager (the library's default)
     python examples/gemma4_12b.py                   # tiny random weights, 2 gloo ranks on the CPU
     python examples/gemma4_12b.py --model-dir DIR   # real weights
     PJRT_DEVICE=CPU python examples/gemma4_12b.py --backend xla   # SPMD over 2 XLA CPU devices, checked in process
+    python examples/gemma4_12b.py --model-dir DIR --backend nxd --dtype bf16   # inf2: ModelBuilder over 2 NeuronCores
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def main() -> int:
         return check_on_xla(model, setup, shape, args)
 
     # 6. Compile: per-rank graphs, traced with the all-reduce inside, written atomically as one artifact.
+    #    (nxd: one ModelBuilder traces every core's graphs from this process instead.)
     out = artifact_dir(args, "gemma4_12b_")
     manifest = write_artifact(out, model, source, setup, shape, backend=args.backend, tokenizer_dir=args.model_dir)
     print(f"[compile] tp {manifest['tp']}: {len(manifest['files'])} files in {out}")

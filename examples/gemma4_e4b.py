@@ -11,6 +11,7 @@ the classic "4-vs-8 repeat_kv" bug). KV sharing works as on E2B: layers 0-23 own
     python examples/gemma4_e4b.py                   # tiny random weights, 2 gloo ranks on the CPU
     python examples/gemma4_e4b.py --model-dir DIR   # real weights
     PJRT_DEVICE=CPU python examples/gemma4_e4b.py --backend xla   # SPMD over 2 XLA CPU devices, checked in process
+    python examples/gemma4_e4b.py --model-dir DIR --backend nxd --dtype bf16   # inf2: ModelBuilder over 2 NeuronCores
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def main() -> int:
 
     # 6. Compile: each rank (a gloo process) takes its shard, builds those graphs, traces them with
     #    the all-reduce inside, and the artifact is written atomically.
+    #    (nxd: one ModelBuilder traces every core's graphs from this process instead.)
     out = artifact_dir(args, "gemma4_e4b_")
     manifest = write_artifact(out, model, source, setup, shape, backend=args.backend, tokenizer_dir=args.model_dir)
     print(f"[compile] tp {manifest['tp']}: {len(manifest['files'])} files in {out}")

@@ -9,7 +9,10 @@ Layout::
     DIR/rank{r}/weights.safetensors   (cpu) rank r's shard of the transformer, once for all its graphs
     DIR/rank{r}/graph_weights.json    (cpu) which of those tensors each graph takes, and their specs
     DIR/rank{r}/prefill_{bucket}.pt, decode_{kv_len}.pt   compiled graphs (cpu: without the weights;
-                                      neuron: torch-neuronx's files, each with its weights)
+                                      neuron: torch-neuronx's files, each with its weights, and
+                                      neuron_state.safetensors, the state bound to all of them)
+    DIR/rank0/model.pt, weights/, nxd_graphs.json   (nxd) one executor for every NeuronCore
+                                      (:mod:`neuron_port.backends.nxd_artifact`)
 
 The manifest records the library, backend and component versions, the config hash, a weights
 fingerprint (tensor names, shapes, dtypes and contents), buckets, KV lengths, TP degree, KV
@@ -119,6 +122,12 @@ def write_manifest(directory: Path, fields: dict[str, Any]) -> dict[str, Any]:
     manifest["field_digests"] = {k: hashlib.sha256(_canonical(v)).hexdigest() for k, v in manifest.items()}
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
     return manifest
+
+
+def host_ranks(manifest: Mapping[str, Any]) -> int:
+    """The host processes an artifact runs in: one per rank, except nxd, whose one executor
+    drives every NeuronCore from one process."""
+    return 1 if manifest.get("backend") == "nxd" else int(manifest["tp"])
 
 
 # ---- reading and verifying -----------------------------------------------------------------
@@ -233,6 +242,7 @@ def verify(directory: str | Path, allow_version_mismatch: bool = False) -> dict[
 
 __all__ = [
     "ArtifactError",
+    "host_ranks",
     "FORMAT",
     "file_sha256",
     "weights_fingerprint",

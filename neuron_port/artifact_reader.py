@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from neuron_port.artifact import ArtifactError, weights_fingerprint
+from neuron_port.artifact import ArtifactError, host_ranks, weights_fingerprint
 from neuron_port.backends import get_backend
 from neuron_port.configs import load_config
 from neuron_port.embedding import load_host_embeddings
@@ -26,8 +26,9 @@ from neuron_port.shapes import PortShape
 
 
 def artifact_setup(directory: str | Path, manifest: dict[str, Any]) -> RankSetup:
-    """The ranks of an artifact: the layout of its config and the shard plan at its tp."""
-    return RankSetup.for_layout(describe(load_config(Path(directory) / "config.json")), int(manifest["tp"]))
+    """The host ranks of an artifact: the layout of its config and the shard plan at its tp (at 1
+    for nxd, whose one executor runs every core: :func:`neuron_port.artifact.host_ranks`)."""
+    return RankSetup.for_layout(describe(load_config(Path(directory) / "config.json")), host_ranks(manifest))
 
 
 def artifact_shape(manifest: dict[str, Any]) -> PortShape:

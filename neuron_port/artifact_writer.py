@@ -3,7 +3,8 @@
 :func:`write_artifact` is the whole job, in the order a reader can follow: the host files
 (config, embedding tables, tokenizer) first, then :func:`compile_rank` on every rank of the
 given :class:`~neuron_port.ranks.RankSetup` (gloo processes for tp > 1, so the traced graphs
-carry the all-reduce as an op), then the manifest. Each rank builds its port over its shard
+carry the all-reduce as an op), then the manifest. The nxd backend instead traces every rank's
+graphs with one ModelBuilder in this process (:func:`~neuron_port.backends.nxd_artifact.write_nxd_rank`). Each rank builds its port over its shard
 (:meth:`Port.for_rank`), compiles it with the same loop ``Port.compile`` uses, and saves its
 weights and graphs. The directory is written under a temporary name and renamed into place.
 """
@@ -28,6 +29,8 @@ from neuron_port.artifact import (
     write_manifest,
 )
 from neuron_port.backends import check_backend_tp, get_backend, require_backend
+from neuron_port.backends.base import check_single_kv_length
+from neuron_port.backends.nxd_artifact import write_nxd_rank
 from neuron_port.backends.weight_pool import HOST_PREFIX
 from neuron_port.configs import config_to_dict
 from neuron_port.embedding import HostEmbeddings
@@ -104,16 +107,18 @@ def write_artifact(
                             "(xla graphs are checked in process with 'neuron-port port --backend xla')")
     check_backend_tp(backend, setup.tp)
     require_backend(backend)  # fail fast (missing SDK) before any work
-    if backend == "nxd":
-        # The pieces exist (neuron_port.backends.nxd: parallel layers, checkpoints, KV-resident
-        # wrapper); the ModelBuilder build of a whole artifact does not yet (issue 29).
-        raise ArtifactError("the nxd artifact build (ModelBuilder over every bucket, sharded checkpoints, "
-                            "initialize on load) is not implemented yet; this library cannot write nxd artifacts")
+    try:
+        check_single_kv_length(shape.kv_lens, backend)
+    except ValueError as exc:
+        raise ArtifactError(str(exc)) from None
     get_backend(backend)
     check_setup_matches(setup, model)
     with atomic_directory(out_dir) as tmp:
         config_dict, embeddings = write_host_files(tmp, model, source, tokenizer_dir)
-        ranks = run_ranks(functools.partial(compile_rank, str(tmp), shape, backend, batch), setup, model, mode="gloo")
+        if backend == "nxd":  # one ModelBuilder traces every core's graphs from this process
+            ranks = [write_nxd_rank(tmp / "rank0", model, setup, shape, batch)]
+        else:
+            ranks = run_ranks(functools.partial(compile_rank, str(tmp), shape, backend, batch), setup, model, mode="gloo")
         manifest = write_manifest(tmp, {
             "backend": backend,
             "versions": installed_versions(),

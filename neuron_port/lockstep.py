@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from neuron_port.artifact import host_ranks
 from neuron_port.parallel import CHILD_ENV, free_port
 
 Round = tuple[list[int], list[tuple[list[int], Any]]]
@@ -71,7 +72,7 @@ class Lockstep:
     """Rank 0's side: the follower processes and the broadcast of each round."""
 
     def __init__(self, directory: str | Path, manifest: dict, slots: int, pad_id: int):
-        self.tp = int(manifest["tp"])
+        self.tp = host_ranks(manifest)
         init = f"tcp://127.0.0.1:{free_port()}"
         ctx = mp.get_context("spawn")
         self.followers = [ctx.Process(target=_follow, args=(r, self.tp, init, str(directory), manifest, slots, pad_id),

@@ -18,9 +18,10 @@ def recipe_parser(description: str, tp: int | None = None) -> argparse.ArgumentP
     ``--tp`` and uses the degree the plan was made at)."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model-dir", help="a local model directory with real weights (default: tiny random weights)")
-    ap.add_argument("--backend", default="cpu", choices=["cpu", "neuron", "xla"],
-                    help="cpu or neuron: a verified artifact, checked in a fresh process; xla: the graphs lowered through "
-                         "torch-xla (PJRT_DEVICE=CPU) and checked in this process")
+    ap.add_argument("--backend", default="cpu", choices=["cpu", "neuron", "nxd", "xla"],
+                    help="cpu, neuron (one NeuronCore) or nxd (neuronx-distributed's ModelBuilder, any tp): a verified "
+                         "artifact, checked in a fresh process; xla: the graphs lowered through torch-xla "
+                         "(PJRT_DEVICE=CPU) and checked in this process")
     ap.add_argument("--tp", type=int, default=tp, help="tensor-parallel degree (default: the planner's recommendation)")
     ap.add_argument("--target", default="inf2.xlarge", help="planner target (inf2.xlarge, inf2.8xlarge, custom:...)")
     ap.add_argument("--out", help="directory for the artifact (default: a temporary one)")

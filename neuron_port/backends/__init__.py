@@ -11,9 +11,9 @@ def get_backend(name: str, **options):
 
     ``options`` go to the backend's constructor (``cpu``: ``passes=False`` keeps the traced graph
     as traced; ``neuron``: ``auto_cast``; ``xla``: ``setup``, the rank setup to run as SPMD).
-    neuronx-distributed's ModelBuilder (``nxd``, :mod:`neuron_port.backends.nxd`) builds a whole
-    artifact at once rather than graph by graph: :func:`neuron_port.artifact_writer.write_artifact`
-    calls it directly."""
+    neuronx-distributed's ModelBuilder (``nxd``, :mod:`neuron_port.backends.nxd_artifact`) builds a
+    whole artifact at once rather than graph by graph (:func:`neuron_port.artifact_writer.write_artifact`
+    calls it); its backend object loads such an artifact's graphs."""
     if name in ("cpu", "cpu-eager"):
         from neuron_port.backends.cpu import CpuBackend
 
@@ -27,7 +27,11 @@ def get_backend(name: str, **options):
         from neuron_port.backends.neuron import NeuronBackend
 
         return NeuronBackend(**options)
-    raise NeuronPortError(f"unknown backend {name!r}; expected cpu, cpu-eager, neuron or xla")
+    if name == "nxd":
+        from neuron_port.backends.nxd_artifact import NxdBackend
+
+        return NxdBackend(**options)
+    raise NeuronPortError(f"unknown backend {name!r}; expected cpu, cpu-eager, neuron, nxd or xla")
 
 
 __all__ = ["BackendUnavailableError", "require_backend", "check_backend_tp", "get_backend", "NEURON_HINT"]

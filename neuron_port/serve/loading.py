@@ -47,7 +47,7 @@ class Served:
 
 def _artifact_port(path: Path, batching: str) -> tuple[Port, Any, int, Any]:
     """Rank 0's port of an artifact, its config, its batch, and the follower ranks of a tp > 1 one."""
-    from neuron_port.artifact import verify
+    from neuron_port.artifact import host_ranks, verify
     from neuron_port.artifact_reader import artifact_setup, load_rank_port
     from neuron_port.configs import load_config
     from neuron_port.parallel import identity_reduce
@@ -55,7 +55,7 @@ def _artifact_port(path: Path, batching: str) -> tuple[Port, Any, int, Any]:
 
     manifest = verify(path)
     config = load_config(path / "config.json")
-    if int(manifest["tp"]) == 1:
+    if host_ranks(manifest) == 1:
         rank = make_rank(artifact_setup(path, manifest), 0, identity_reduce, None)
         return load_rank_port(path, manifest, rank), config, int(manifest["batch"]), None
     if batching != "continuous":

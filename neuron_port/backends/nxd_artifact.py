@@ -1,0 +1,104 @@
+"""An nxd artifact: every graph traced by one neuronx-distributed ModelBuilder, and loaded back as runners.
+
+One host process drives every NeuronCore: NxD's executor holds all ``tp`` ranks, routes each call
+to the graph whose example inputs had the same shapes, and keeps the KV store on the device as
+its state, one state shared by every graph. So an nxd artifact has a single host rank
+(``rank0/``) whatever its tp, and one KV length::
+
+    rank0/model.pt                                    the executor (torch.jit.save of ModelBuilder.trace)
+    rank0/weights/tp{r}_sharded_checkpoint.safetensors one shard per NeuronCore (ModelBuilder.shard_checkpoint)
+    rank0/nxd_graphs.json                             the ModelBuilder key and input count of every graph file
+
+The host side keeps running the library's step loop unchanged: a :class:`ResidentKVRunner` takes
+the step inputs and a host placeholder of the store (returned untouched; the real store is on the
+device). The compiler's work directory is kept outside the artifact.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import nn
+
+from neuron_port.backends.base import check_single_kv_length
+from neuron_port.backends.nxd import KVResident, ResidentKVRunner, build, load, parallelize_for_nxd, traced_checkpoint
+from neuron_port.embedding import HostEmbeddings
+from neuron_port.errors import NeuronPortError
+from neuron_port.graphs import DecodeGraph, PrefillGraph
+from neuron_port.host_inputs import HostInputs
+from neuron_port.ranks import RankSetup
+from neuron_port.runners import runner_file
+from neuron_port.shapes import PortShape, StoreShapes
+
+GRAPHS_FILE = "nxd_graphs.json"
+
+
+def resident_factory(model: nn.Module, setup: RankSetup, stores: StoreShapes, kind: str, size: int,
+                      kv_shapes: list[torch.Size], kv_dtype: torch.dtype) -> Callable[[], KVResident]:
+    """What ModelBuilder's ``load_module`` calls under NxD's parallel state: a copy of ``model`` with
+    the plan's parallel layers, its ``kind`` graph of ``size``, the rank-local KV store as parameters."""
+    dtype = next(model.parameters()).dtype
+
+    def make() -> KVResident:
+        shard = parallelize_for_nxd(copy.deepcopy(model), setup, dtype)
+        if kind == "prefill":
+            graph: nn.Module = PrefillGraph(shard, stores.specs[stores.prefill_kv[size]], size)
+        else:
+            graph = DecodeGraph(shard, stores.specs[size])
+        return KVResident(graph, kv_shapes, kv_dtype)
+
+    return make
+
+
+def write_nxd_rank(rank_dir: Path, model: nn.Module, setup: RankSetup, shape: PortShape, batch: int,
+                   compiler_args: str = "--model-type=transformer --auto-cast=none") -> dict[str, Any]:
+    """Trace every graph of ``shape`` with one ModelBuilder at ``setup.tp`` and save the executor,
+    the per-core shards and the key of every graph file into ``rank_dir``. ``model`` is not modified.
+
+    Returns what the manifest records of the host rank: the KV layout of its host-side placeholder
+    store (the whole model's, as a tp 1 rank sees it) and the facts of its runners."""
+    check_single_kv_length(shape.kv_lens, "nxd")
+    local = shape.stores(setup.layout, setup.plan.local_kv_heads(0))  # every rank's store (uniform plans only)
+    inputs = HostInputs(setup.layout, local, HostEmbeddings.from_model(model))
+    graphs, keys = {}, {}
+    jobs = [("prefill", b) for b in local.buckets] + [("decode", kv) for kv in local.kv_lens]
+    for kind, size in jobs:
+        step, store = inputs.example_prefill(size, batch) if kind == "prefill" else inputs.example_decode(size, batch)
+        kv = store.tensors()
+        key = runner_file(kind, size).removesuffix(".pt")
+        graphs[key] = (resident_factory(model, setup, local, kind, size, [t.shape for t in kv], kv[0].dtype), list(step))
+        keys[runner_file(kind, size)] = {"key": key, "inputs": len(step)}
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="neuron-port-nxd-") as workdir:
+        build(graphs, lambda: traced_checkpoint(model, setup), setup.tp, rank_dir, compiler_args, compiler_workdir=workdir)
+    (rank_dir / GRAPHS_FILE).write_text(json.dumps({"tp": setup.tp, "graphs": keys}, indent=2))
+    host = shape.stores(setup.layout)
+    return {"kv_layout": host.kv_layout(), "runners": {"inplace_kv_writes": False}}
+
+
+class NxdBackend:
+    """Loads an nxd artifact's graphs (it compiles nothing graph by graph: :func:`write_nxd_rank` does)."""
+
+    name = "nxd"
+    inplace_kv_writes = False
+
+    def compile(self, graph: nn.Module, example_inputs, aliases):
+        raise NeuronPortError("the nxd backend traces every graph at once with ModelBuilder; build an artifact "
+                              "(neuron-port compile ... --backend nxd) instead of compiling graph by graph")
+
+    def load_graphs(self, rank_dir: Path, files: list[str], host: Mapping[str, torch.Tensor]) -> dict[str, ResidentKVRunner]:
+        """The executor loaded once and initialised with every core's shard; one runner per graph file."""
+        recorded = json.loads((Path(rank_dir) / GRAPHS_FILE).read_text())
+        missing = [f for f in files if f not in recorded["graphs"]]
+        if missing:
+            raise NeuronPortError(f"{rank_dir / GRAPHS_FILE}: expected graphs {files}, found {sorted(recorded['graphs'])}")
+        executor = load(Path(rank_dir), int(recorded["tp"]))
+        return {f: ResidentKVRunner(executor, int(recorded["graphs"][f]["inputs"])) for f in files}
+
+
+__all__ = ["GRAPHS_FILE", "resident_factory", "write_nxd_rank", "NxdBackend"]
