@@ -38,7 +38,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks_on_nxd(name: str, tp: int, expand_kv: bool = True) -> list[dict]:
+def run_ranks_on_nxd(name: str, tp: int, expand_kv: bool = True, resident: bool = False) -> list[dict]:
     """Every rank's result of :func:`tests.nxd_worker.worker`, in rank order."""
     import torch.multiprocessing as mp
 
@@ -47,7 +47,7 @@ def run_ranks_on_nxd(name: str, tp: int, expand_kv: bool = True) -> list[dict]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=worker, args=(r, tp, name, port, expand_kv, queue)) for r in range(tp)]
+    procs = [ctx.Process(target=worker, args=(r, tp, name, port, expand_kv, queue, resident)) for r in range(tp)]
     for p in procs:
         p.start()
     try:
@@ -79,6 +79,20 @@ def test_nxd_parallel_layers_match_hugging_face(name, tp):
         assert out["max_abs_logit_diff"] <= RELATIVE_TOLERANCE * out["max_abs_logit"], out
     # every rank ends with the same all-reduced logits
     assert len({round(r["max_abs_logit_diff"], 9) for r in results}) == 1
+
+
+@pytest.mark.parametrize("name,tp", [("gemma-4-e4b", 2), ("gemma-4-12b", 4)])
+def test_the_nxd_artifacts_traced_module_matches_hugging_face(name, tp):
+    """The module an nxd artifact's ModelBuilder traces for a prefill key (NxD's parallel layers,
+    the KV store as parameters), given NxD's shard of the checkpoint keyed as that module names
+    its weights: the last token's logits match Hugging Face's, and the store is written."""
+    results = run_ranks_on_nxd(name, tp, resident=True)
+    for rank, out in enumerate(results):
+        assert "error" not in out, f"rank {rank}: {out.get('error')}\n{out.get('trace')}"
+        print(f"[nxd resident] {name} tp {tp} rank {rank}: max |logit diff| {out['max_abs_logit_diff']:.3g} "
+              f"(largest |logit| {out['max_abs_logit']:.3g})", file=sys.stderr)
+        assert out["max_abs_logit_diff"] <= RELATIVE_TOLERANCE * out["max_abs_logit"], out
+        assert out["kv_written"] and out["kv_outputs"] > 0
 
 
 def test_the_check_fails_without_the_plans_kv_expansion():
