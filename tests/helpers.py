@@ -125,3 +125,24 @@ def break_embed_scale(monkeypatch) -> None:
         return model
 
     monkeypatch.setattr(models, "load_model_dir", broken)
+
+
+def load_rank0_port(directory: Path):
+    """Rank 0's port of a verified artifact, assembled as a single-host reader does."""
+    from neuron_port.artifact import verify
+    from neuron_port.artifact_reader import artifact_setup, load_rank_port
+    from neuron_port.parallel import identity_reduce
+    from neuron_port.ranks import make_rank
+
+    manifest = verify(directory)
+    return load_rank_port(directory, manifest, make_rank(artifact_setup(directory, manifest), 0, identity_reduce, None))
+
+
+def write_tiny_artifact(model, out_dir: Path, source: dict, buckets=(32,), kv_lens=(64,)) -> dict:
+    """A CPU artifact of ``model`` at tp 1; returns its manifest."""
+    from neuron_port.artifact_writer import write_artifact
+    from neuron_port.layout import describe
+    from neuron_port.ranks import RankSetup
+    from neuron_port.shapes import PortShape
+
+    return write_artifact(out_dir, model, source, RankSetup.for_layout(describe(model), 1), PortShape(buckets, kv_lens))

@@ -11,11 +11,10 @@ import torch
 from neuron_port import artifact, describe, load_config
 from neuron_port.backends.neuron import compiler_args
 from neuron_port.backends.nxd import KVResident, alias_map, rank_checkpoints
-from neuron_port.compiled import compile_artifact, load_port
 from neuron_port.models import build_model
 from neuron_port.port import Port, greedy_generate
 from neuron_port.ranks import RankSetup
-from tests.helpers import run_cli, run_cli_process
+from tests.helpers import load_rank0_port, run_cli, run_cli_process, write_tiny_artifact
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +93,7 @@ def test_loaded_artifact_equals_the_in_process_port(e2b_artifact):
     model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
     prompt = [2] + list(range(30, 50))
     eager = greedy_generate(Port(model, describe(model), [32], [64]), [prompt], 20).tokens
-    loaded = load_port(e2b_artifact)
+    loaded = load_rank0_port(e2b_artifact)
     assert all(isinstance(r.function, torch.jit.ScriptModule) for r in loaded.decode_runners.values())
     # the saved graphs are the ones the static-shape passes rewrote, and they keep their batch
     assert not any(n.kind() == "aten::size" for r in loaded.decode_runners.values() for n in r.function.graph.nodes())
@@ -140,7 +139,7 @@ def test_interrupted_compile_leaves_nothing_generate_accepts(tmp_path, monkeypat
     monkeypatch.setattr(writer, "compile_rank", boom)  # the host files are written, no rank finishes
     out = tmp_path / "half"
     with pytest.raises(KeyboardInterrupt):
-        compile_artifact(build_model(load_config("gemma-4-e2b", tiny=True)), out, {"kind": "shipped"}, [32], [64])
+        write_tiny_artifact(build_model(load_config("gemma-4-e2b", tiny=True)), out, {"kind": "shipped"})
     assert not out.exists() and list(tmp_path.iterdir()) == []
     res = run_cli("generate", str(out))
     assert res.returncode != 0 and "not an artifact directory" in res.stderr
@@ -167,8 +166,8 @@ def test_version_mismatch_is_refused_unless_overridden(tmp_path, monkeypatch):
     real = artifact.installed_versions()
     monkeypatch.setattr("neuron_port.artifact_writer.installed_versions", lambda: {**real, "torch": "1.0.0"})
     out = tmp_path / "old"
-    compile_artifact(build_model(load_config("gemma-4-e2b", tiny=True)), out,
-                     {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0}, [32], [64])
+    write_tiny_artifact(build_model(load_config("gemma-4-e2b", tiny=True)), out,
+                        {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0})
     res = run_cli("generate", str(out), "--max-new-tokens", "2")
     assert res.returncode != 0 and "versions.torch" in res.stderr and "1.0.0" in res.stderr
     assert run_cli("generate", str(out), "--max-new-tokens", "2", "--allow-version-mismatch").returncode == 0
@@ -176,8 +175,8 @@ def test_version_mismatch_is_refused_unless_overridden(tmp_path, monkeypatch):
 
 def test_check_refuses_a_reference_with_other_weights(tmp_path):
     out = tmp_path / "wrong_source"
-    compile_artifact(build_model(load_config("gemma-4-e2b", tiny=True), seed=1), out,
-                     {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0}, [32], [64])
+    write_tiny_artifact(build_model(load_config("gemma-4-e2b", tiny=True), seed=1), out,
+                        {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0})
     res = run_cli("generate", str(out), "--max-new-tokens", "4", "--check", "--json")
     assert res.returncode != 0 and "not the artifact's checkpoint" in res.stderr
     assert "seq_match" not in res.stdout

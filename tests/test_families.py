@@ -20,7 +20,8 @@ from neuron_port.kvcache import kv_store_spec
 from neuron_port.models import build_model, load_model_dir, save_model_dir
 from neuron_port.oracle import reference_generate
 from neuron_port.port import Port
-from neuron_port.run import GenerationJob, generate_with_port
+from neuron_port.generation import generate
+from neuron_port.shapes import PortShape
 from tests.helpers import run_cli
 
 PROMPT = [2] + list(range(7, 30))  # 24 tokens
@@ -78,8 +79,8 @@ def test_port_qwen3_tiny_tp2_check_cli():
 def test_tp4_threads_match_hf_with_fewer_kv_heads_than_ranks(name):
     model = build_model(load_config(name, tiny=True), seed=3)
     ref = reference_generate(model, PROMPT, 32)
-    got = generate_with_port(model, GenerationJob([PROMPT], 32, [32], 128), tp=4, in_process=True)
-    assert got["tokens"][0] == ref["tokens"]
+    got = generate(model, [PROMPT], 32, shape=PortShape([32], 128), tp=4, mode="threads")
+    assert got.tokens[0] == ref["tokens"]
 
 
 def test_qwen3_sliding_layers_use_rings_and_match_hf():
@@ -94,8 +95,8 @@ def test_qwen3_sliding_layers_use_rings_and_match_hf():
     assert [s.slots for s in spec.slots] == [128, 128, 8, 8]
     ref = reference_generate(model, PROMPT, 40)
     for tp in (1, 2):
-        got = generate_with_port(model, GenerationJob([PROMPT], 40, [32], 128), tp=tp, in_process=True)
-        assert got["tokens"][0] == ref["tokens"], f"tp {tp}"
+        got = generate(model, [PROMPT], 40, shape=PortShape([32], 128), tp=tp, mode="threads")
+        assert got.tokens[0] == ref["tokens"], f"tp {tp}"
 
 
 def test_untied_llama_round_trips_through_a_model_dir(tmp_path):
@@ -110,8 +111,8 @@ def test_untied_llama_round_trips_through_a_model_dir(tmp_path):
     ids = torch.tensor([PROMPT])
     assert torch.equal(model(ids).logits, loaded(ids).logits)
     ref = reference_generate(loaded, PROMPT, 24)
-    got = generate_with_port(loaded, GenerationJob([PROMPT], 24, [32], 64), tp=2)  # gloo ranks load the dir
-    assert got["tokens"][0] == ref["tokens"]
+    got = generate(loaded, [PROMPT], 24, shape=PortShape([32], 64), tp=2)  # gloo ranks load the dir
+    assert got.tokens[0] == ref["tokens"]
 
 
 def test_a_mask_in_the_wrong_form_fails_loudly(monkeypatch):

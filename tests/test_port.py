@@ -15,7 +15,8 @@ from neuron_port.kvcache import kv_store_spec, naive_kv_bytes, onehot_write, sca
 from neuron_port.logits import greedy, softcap
 from neuron_port.models import build_model
 from neuron_port.oracle import reference_generate
-from neuron_port.run import GenerationJob, generate_with_port
+from neuron_port.generation import generate
+from neuron_port.shapes import PortShape
 from tests.helpers import run_cli
 
 
@@ -111,12 +112,12 @@ def test_port_logits_match_hf_teacher_forced_over_window_wraps():
     """
     model = build_model(load_config("gemma-4-e2b", tiny=True), seed=3)
     prompt = [2] + list(range(10, 33))
-    got = generate_with_port(model, GenerationJob([prompt], 48, [32], 128, keep_logits=True))
+    got = generate(model, [prompt], 48, shape=PortShape([32], 128), keep_logits=True)
     ref = reference_generate(model, prompt, 48, [])
-    assert got["tokens"][0] == ref["tokens"]
+    assert got.tokens[0] == ref["tokens"]
     with torch.no_grad():
-        hf = model(torch.tensor([prompt + got["tokens"][0]])).logits[0]
-    port_logits = softcap(torch.tensor(got["step_logits"])[:, 0], 30.0)
+        hf = model(torch.tensor([prompt + got.tokens[0]])).logits[0]
+    port_logits = softcap(torch.stack(got.step_logits)[:, 0], 30.0)
     want = hf[len(prompt) - 1 : len(prompt) - 1 + port_logits.shape[0]]
     scale = want.abs().max()
     port_err = (port_logits - want).abs().max() / scale
@@ -132,13 +133,13 @@ def test_restoring_buffers_fixes_a_parameter_only_load():
     problems = audit_buffers(broken, checkpoint)
     assert problems and all("layer_scalar" in p.name for p in problems)
     prompt = [2] + list(range(40, 63))
-    job = GenerationJob([prompt], 16, [32], 128)
+    shape = PortShape([32], 128)
     reference = reference_generate(model, prompt, 16, [])["tokens"]
-    assert generate_with_port(broken, job)["tokens"][0] != reference
+    assert generate(broken, [prompt], 16, shape=shape).tokens[0] != reference
     restored = restore_buffers(broken, checkpoint)
     assert len(restored) == len(problems)
     assert audit_buffers(broken, checkpoint) == []
-    assert generate_with_port(broken, job)["tokens"][0] == reference
+    assert generate(broken, [prompt], 16, shape=shape).tokens[0] == reference
 
 
 def _port_json(*args):

@@ -13,7 +13,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors  # noqa: E4
 from neuron_port.families import family_for  # noqa: E402
 from neuron_port.localdir import build_tokenizer  # noqa: E402
 from neuron_port.prompts import bos_prefix, text_prompt  # noqa: E402
-from neuron_port.serve.chat import chat_format, gemma_chat_prompt  # noqa: E402
+from neuron_port.chat import chat_format  # noqa: E402
+from neuron_port.families.gemma4 import gemma_chat_prompt  # noqa: E402
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
 

@@ -18,7 +18,8 @@ from neuron_port.logits import softcap
 from neuron_port.models import build_model
 from neuron_port.parallel import CHILD_ENV, run_gloo, run_in_process
 from neuron_port.oracle import reference_generate
-from neuron_port.run import GenerationJob, generate_with_port
+from neuron_port.generation import generate
+from neuron_port.shapes import PortShape
 from tests.helpers import run_cli
 
 
@@ -33,11 +34,11 @@ def _prompt(vocab, n=24, seed=1000):
 
 def _compare(model, tp, in_process):
     prompt = _prompt(model.config.vocab_size)
-    job = GenerationJob([prompt], 48, [32], 128, keep_logits=True)
     ref = reference_generate(model, prompt, 48, [])
-    got = generate_with_port(model, job, tp=tp, in_process=in_process)
-    assert got["tokens"][0] == ref["tokens"]
-    port_logits = softcap(torch.tensor(got["step_logits"])[:, 0], model.config.final_logit_softcapping)
+    got = generate(model, [prompt], 48, shape=PortShape([32], 128), tp=tp,
+                   mode="threads" if in_process else "gloo", keep_logits=True)
+    assert got.tokens[0] == ref["tokens"]
+    port_logits = softcap(torch.stack(got.step_logits)[:, 0], model.config.final_logit_softcapping)
     ref_logits = torch.stack(ref["logits"])
     rel = (port_logits - ref_logits).abs().max() / ref_logits.abs().max()
     assert rel < 1e-4, f"logits differ by {rel:.2e} relative"
@@ -52,8 +53,8 @@ def test_ranks_match_hugging_face(name, tp, in_process):
     process path is the same code at any tp)."""
     model = build_model(load_config(name, tiny=True), seed=0)
     got = _compare(model, tp, in_process=in_process)
-    assert len(got["per_rank_kv_cache_bytes"]) == tp
-    assert "rank_disagreement" not in got
+    assert len(got.per_rank_kv_cache_bytes) == tp
+    assert not got.rank_disagreement
 
 
 def test_threaded_ranks_straddling_kv_groups_with_real_modules():

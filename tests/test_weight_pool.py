@@ -17,7 +17,7 @@ from torch import nn
 from neuron_port.backends.weight_pool import POOL_FILE, WeightPool, lift_constants
 from neuron_port.models import build_model
 from neuron_port.configs import load_config
-from tests.helpers import run_cli
+from tests.helpers import load_rank0_port, run_cli
 
 BUCKETS = "16,32,64,128"
 
@@ -113,12 +113,10 @@ def test_artifact_holds_the_weights_once_whatever_the_bucket_count(tmp_path):
 
 
 def test_loaded_graphs_share_one_copy_of_the_weights(tmp_path):
-    from neuron_port.compiled import load_port
-
     art = tmp_path / "art"
     res = run_cli("compile", "gemma-4-e2b", "--tiny", "--buckets", "16,32", "--kv-lens", "64", "--out", str(art))
     assert res.returncode == 0, res.stderr
-    port = load_port(art)
+    port = load_rank0_port(art)
     runners = [*port.prefill_runners.values(), *port.decode_runners.values()]
     pointers = [{t.data_ptr() for t in r.tensors} for r in runners]
     assert len(runners) == 3 and pointers[0] == pointers[1]

@@ -6,7 +6,6 @@
 * :mod:`~neuron_port.serve.admission` — each request checked and tokenized before it is queued;
 * :mod:`~neuron_port.serve.reply` — the engine's events as an OpenAI response, whole or streamed;
 * :mod:`~neuron_port.serve.metrics` — Prometheus metrics;
-* :mod:`~neuron_port.serve.chat` — chat prompts and stop tokens from the model's own files;
 * :mod:`~neuron_port.serve.loading` — a model name, model directory or artifact, loaded into an engine.
 
 Fields follow OpenAI (``n``, ``logprobs``/``top_logprobs``, ``stop``, ``seed``, penalties,
@@ -18,9 +17,9 @@ decoded with continuous batching (:mod:`neuron_port.continuous`).
 from __future__ import annotations
 
 from neuron_port.serve.app import ServerApp, build_app, serve
-from neuron_port.serve.chat import ChatFormat, chat_format, gemma_chat_prompt
+from neuron_port.chat import ChatFormat, chat_format
 from neuron_port.serve.loading import Served, load_served
 from neuron_port.serve.metrics import Metrics, render_metrics
 
 __all__ = ["ServerApp", "Served", "ChatFormat", "Metrics", "build_app", "load_served", "serve", "chat_format",
-           "gemma_chat_prompt", "render_metrics"]
+           "render_metrics"]
