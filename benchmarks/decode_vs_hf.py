@@ -32,11 +32,12 @@ import torch
 
 from neuron_port import describe
 from neuron_port.backends import get_backend
-from neuron_port.configs import load_config_dict, tiny_config_dict
+from neuron_port.model.configs import load_config_dict, tiny_config_dict
 from neuron_port.families import family_for
 from neuron_port.families.decoder import TINY_INITIALIZER_RANGE
-from neuron_port.models import build_model, force_eager
-from neuron_port.port import Port, greedy_generate
+from neuron_port.model.loading import build_model, force_eager
+from neuron_port.generation.static_batch import greedy_generate
+from neuron_port.graph.port import Port
 
 MID = {"hidden_size": 64, "intermediate_size": 256, "vocab_size": 8192, "vocab_size_per_layer_input": 8192}
 

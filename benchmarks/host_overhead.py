@@ -25,10 +25,10 @@ import time
 import torch
 
 from neuron_port import describe, load_config
-from neuron_port.embedding import HostEmbeddings
-from neuron_port.port import Port
-from neuron_port.runtime import GenerationParams, Generator
-from neuron_port.sampling import SamplingParams, reference_distribution
+from neuron_port.graph.embedding import HostEmbeddings
+from neuron_port.graph.port import Port
+from neuron_port.generation.static_batch import GenerationParams, Generator
+from neuron_port.generation.sampling import SamplingParams, reference_distribution
 
 DEVICE_STEP_MS_ANCHOR = 23.0  # field report: E2B decode on one NeuronCore, ~23 ms per token
 SAMPLED = SamplingParams(temperature=1.0, top_k=64, top_p=0.95)

@@ -16,10 +16,10 @@ import time
 
 import torch
 
-from neuron_port import masks
-from neuron_port.embedding import HostEmbeddings
-from neuron_port.scratch import DecodeScratch
-from neuron_port.sampling import SamplingParams, filtered_distribution, reference_distribution
+from neuron_port.graph import masks
+from neuron_port.graph.embedding import HostEmbeddings
+from neuron_port.graph.scratch import DecodeScratch
+from neuron_port.generation.sampling import SamplingParams, filtered_distribution, reference_distribution
 
 
 def _time(fn, repeats: int) -> float:

@@ -17,7 +17,7 @@ import argparse
 import json
 
 from neuron_port import describe, load_config
-from neuron_port.kvcache import kv_store_spec, naive_kv_bytes
+from neuron_port.graph.kv import kv_store_spec, naive_kv_bytes
 
 MODELS = ("gemma-4-e2b", "gemma-4-e4b", "gemma-4-12b")
 CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)

@@ -6,7 +6,7 @@ directory with the real E2B config and random bf16 embedding tables of the real 
 (262,144 x 1,536 and 262,144 x 35*256: 5.5 GB), then measures, each in a fresh process, the
 peak resident set (``ru_maxrss``) of loading the tables and running decode-step gathers:
 
-* ``library``: :func:`neuron_port.embedding.load_host_embeddings` (tables read straight into
+* ``library``: :func:`neuron_port.graph.embedding.load_host_embeddings` (tables read straight into
   their final tensors);
 * ``peer``: the same tables through ``safetensors.safe_open(...).get_tensor``, which (0.8) maps
   the file instead of loading it: its resident set counts only the pages the gathers touched,
@@ -57,9 +57,9 @@ def child(model_dir: str, loader: str, steps: int) -> dict:
     import resource
 
     from neuron_port import load_config
-    from neuron_port.embedding import HostEmbeddings, load_host_embeddings
+    from neuron_port.graph.embedding import HostEmbeddings, load_host_embeddings
     from neuron_port.families import family_for
-    from neuron_port.scratch import DecodeScratch
+    from neuron_port.graph.scratch import DecodeScratch
 
     def rss() -> int:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -111,7 +111,7 @@ def main() -> None:
         return
 
     from neuron_port import describe, load_config
-    from neuron_port.configs import config_to_dict
+    from neuron_port.model.configs import config_to_dict
     from neuron_port.families import family_for
 
     config = load_config(args.model, tiny=args.smoke)

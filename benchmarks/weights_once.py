@@ -34,7 +34,7 @@ def _tree_bytes(path: Path, pattern: str = "**/*") -> int:
 
 
 def _child_library(artifact: str, new_tokens: int) -> dict:
-    from neuron_port.cli import main as cli
+    from neuron_port.cli.command import main as cli
 
     start = time.perf_counter()
     code = cli(["generate", artifact, "--prompt-len", str(PROMPT_LEN), "--max-new-tokens", str(new_tokens), "--json"])
@@ -62,8 +62,8 @@ def _measure(kind: str, target: str, new_tokens: int) -> dict:
 
 
 def _tiny_e2b_dir(root: Path) -> Path:
-    from neuron_port.localdir import write_tokenizer
-    from neuron_port.models import model_from_name
+    from neuron_port.model.localdir import write_tokenizer
+    from neuron_port.model.loading import model_from_name
 
     model = model_from_name("gemma-4-e2b", tiny=True, seed=0)
     out = root / "tiny-e2b"
@@ -119,7 +119,7 @@ def main() -> None:
         work = Path(tmp)
         for name in args.models.split(","):
             if name == "smollm2-135m":
-                from neuron_port.pretrained import pretrained_dir
+                from neuron_port.model.pretrained import pretrained_dir
 
                 results.append(bench_model(name, pretrained_dir(name), work, args.new_tokens))
             elif name == "gemma-4-e2b-tiny":

@@ -29,11 +29,11 @@ import time
 import torch
 
 from neuron_port import describe, load_config
-from neuron_port.generation import generate
-from neuron_port.models import build_model, init_nonpersistent_buffers
-from neuron_port.ranks import RankSetup
-from neuron_port.shapes import PortShape
-from neuron_port.xla_port import xla_port
+from neuron_port.generation.generate import generate
+from neuron_port.model.loading import build_model, init_nonpersistent_buffers
+from neuron_port.parallel.ranks import RankSetup
+from neuron_port.graph.shapes import PortShape
+from neuron_port.backends.xla_port import xla_port
 
 PROMPT_LEN = 20
 
@@ -97,9 +97,9 @@ def real_e2b_decode(kv_len: int) -> dict:
     import torch_xla
 
     from neuron_port.backends.xla import XlaBackend
-    from neuron_port.graphs import DecodeGraph
-    from neuron_port.host_inputs import HostInputs
-    from neuron_port.models import force_eager
+    from neuron_port.graph.graphs import DecodeGraph
+    from neuron_port.graph.host_inputs import HostInputs
+    from neuron_port.model.loading import force_eager
 
     config = load_config("gemma-4-e2b")
     layout = describe(config)

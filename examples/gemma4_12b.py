@@ -16,11 +16,11 @@ the compiler's fused attention, so attention stays eager (the library's default)
 from __future__ import annotations
 
 from neuron_port import describe, load_config
-from neuron_port.artifact_writer import write_artifact
+from neuron_port.artifacts.writer import write_artifact
 from neuron_port.planner import Target, plan_capacity
-from neuron_port.ranks import RankSetup
-from neuron_port.recipe import artifact_dir, check_on_xla, load_checked, recipe_parser, validate_then_serve
-from neuron_port.shapes import PortShape
+from neuron_port.parallel.ranks import RankSetup
+from neuron_port.cli.recipe import artifact_dir, check_on_xla, load_checked, recipe_parser, validate_then_serve
+from neuron_port.graph.shapes import PortShape
 
 NAME = "gemma-4-12b"
 
@@ -54,7 +54,7 @@ def main() -> int:
 
     # 5. Graphs: each rank's store holds its share of the sliding KV heads and the replicated full one.
     shape = PortShape(buckets=32, kv_lens=256)
-    per_rank = [stores.specs[256].total_bytes(1, 4) for stores in setup.stores(shape)]
+    per_rank = [stores.specs[256].total_bytes(1, 4) for stores in shape.rank_stores(setup)]
     print(f"[graphs] KV store per rank {per_rank} B")
 
     if args.backend == "xla":  # 6-8 on the XLA path: lowered and checked in this process, no artifact

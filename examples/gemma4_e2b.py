@@ -15,12 +15,12 @@ those 15 owners allocate, sliding owners as rings of the 512-token window.
 from __future__ import annotations
 
 from neuron_port import describe, load_config
-from neuron_port.artifact_writer import write_artifact
-from neuron_port.kvcache import naive_kv_bytes
+from neuron_port.artifacts.writer import write_artifact
+from neuron_port.graph.kv import naive_kv_bytes
 from neuron_port.planner import Target, plan_capacity
-from neuron_port.ranks import RankSetup
-from neuron_port.recipe import artifact_dir, check_on_xla, load_checked, recipe_parser, validate_then_serve
-from neuron_port.shapes import PortShape
+from neuron_port.parallel.ranks import RankSetup
+from neuron_port.cli.recipe import artifact_dir, check_on_xla, load_checked, recipe_parser, validate_then_serve
+from neuron_port.graph.shapes import PortShape
 
 NAME = "gemma-4-e2b"
 
@@ -52,7 +52,7 @@ def main() -> int:
 
     # 5. Graphs: a prefill graph for the 32-token bucket and a decode graph over a 256-slot store.
     shape = PortShape(buckets=32, kv_lens=256)
-    store = setup.stores(shape)[0].specs[256]
+    store = shape.rank_stores(setup)[0].specs[256]
     print(f"[graphs] KV store {store.total_bytes(1, 4):,} B (owners only, rings of {layout.sliding_window}) "
           f"vs {naive_kv_bytes(layout, 256, 1, 4):,} B if every layer kept a full-length cache")
 

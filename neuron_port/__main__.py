@@ -2,6 +2,6 @@
 
 import sys
 
-from neuron_port.cli import main
+from neuron_port.cli.command import main
 
 sys.exit(main())

@@ -14,7 +14,7 @@ Formulas (all bytes; ``b`` = bytes per element of the dtype):
   that each carry their own copy (x2: separately traced ``torch_neuronx.trace`` graphs, each
   loading its weights; the field report's E4B overflow on one core), and the plan says so when
   that would change the recommended degree.
-* KV store = the runtime's own accounting (:func:`kvcache.kv_store_spec`): owners only, sliding
+* KV store = the runtime's own accounting (:func:`neuron_port.graph.kv.kv_store_spec`): owners only, sliding
   owners as rings of the window, per rank at its local KV-head count.
 * Other = a runtime reserve (``RUNTIME_RESERVE``) plus the largest activation working set
   (prefill bucket x max(2 x intermediate, q + 2 kv widths) x 4 B, and the logits row).
@@ -37,9 +37,9 @@ from typing import Any
 
 import torch
 
-from neuron_port.kvcache import kv_store_spec, naive_kv_bytes
-from neuron_port.layout import Layout
-from neuron_port.sharding import plan_model, valid_model_tp
+from neuron_port.graph.kv import kv_store_spec, naive_kv_bytes
+from neuron_port.model.layout import Layout
+from neuron_port.parallel.sharding import plan_model, valid_model_tp
 
 GiB = 1 << 30
 RUNTIME_RESERVE = GiB // 2

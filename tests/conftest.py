@@ -47,10 +47,10 @@ REQUIRE_PRETRAINED = "NEURON_PORT_REQUIRE_PRETRAINED"
 
 
 def pretrained_or_skip(name: str):
-    """The local HF directory of real checkpoint ``name`` (neuron_port.pretrained), built once per
+    """The local HF directory of real checkpoint ``name`` (neuron_port.model.pretrained), built once per
     cache; skipped with a one-line reason when its packages are absent, unless
     NEURON_PORT_REQUIRE_PRETRAINED=1 (CI), where that is a failure."""
-    from neuron_port.pretrained import pretrained_dir, unavailable_reason
+    from neuron_port.model.pretrained import pretrained_dir, unavailable_reason
 
     reason = unavailable_reason(name)
     if reason:

@@ -19,7 +19,7 @@ class CliResult:
 
 def run_cli(*args: str) -> CliResult:
     """Run ``neuron-port ARGS`` in this process (fast), capturing its output."""
-    from neuron_port.cli import main
+    from neuron_port.cli.command import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -111,11 +111,11 @@ WRONG_EMBED_SCALE = 2.1e-25
 
 
 def break_embed_scale(monkeypatch) -> None:
-    """Make ``neuron_port.models.load_model_dir`` leave the word embedding's scale wrong (as it once
+    """Make ``neuron_port.model.loading.load_model_dir`` leave the word embedding's scale wrong (as it once
     left it uninitialised), for the tests that show who gets blamed."""
     import torch
 
-    import neuron_port.models as models
+    import neuron_port.model.loading as models
 
     real = models.load_model_dir
 
@@ -129,10 +129,10 @@ def break_embed_scale(monkeypatch) -> None:
 
 def load_rank0_port(directory: Path):
     """Rank 0's port of a verified artifact, assembled as a single-host reader does."""
-    from neuron_port.artifact import verify
-    from neuron_port.artifact_reader import artifact_setup, load_rank_port
-    from neuron_port.parallel import identity_reduce
-    from neuron_port.ranks import make_rank
+    from neuron_port.artifacts.manifest import verify
+    from neuron_port.artifacts.reader import artifact_setup, load_rank_port
+    from neuron_port.parallel.launch import identity_reduce
+    from neuron_port.parallel.ranks import make_rank
 
     manifest = verify(directory)
     return load_rank_port(directory, manifest, make_rank(artifact_setup(directory, manifest), 0, identity_reduce, None))
@@ -140,9 +140,9 @@ def load_rank0_port(directory: Path):
 
 def write_tiny_artifact(model, out_dir: Path, source: dict, buckets=(32,), kv_lens=(64,)) -> dict:
     """A CPU artifact of ``model`` at tp 1; returns its manifest."""
-    from neuron_port.artifact_writer import write_artifact
-    from neuron_port.layout import describe
-    from neuron_port.ranks import RankSetup
-    from neuron_port.shapes import PortShape
+    from neuron_port.artifacts.writer import write_artifact
+    from neuron_port.model.layout import describe
+    from neuron_port.parallel.ranks import RankSetup
+    from neuron_port.graph.shapes import PortShape
 
     return write_artifact(out_dir, model, source, RankSetup.for_layout(describe(model), 1), PortShape(buckets, kv_lens))

@@ -11,7 +11,7 @@ Spawned by :mod:`tests.test_nxd_source` (``tp`` processes). Each rank:
    expanded by the shard plan, buffers included) and NxD's own ``get_sharded_checkpoint``, and
    loads this rank's shard strictly (the tied head is the embedding's tensor);
 4. runs the Hugging Face forward of the parallel model and compares every position's logits with
-   Hugging Face's own seed-0 model (:func:`neuron_port.reference.reference_for_source`).
+   Hugging Face's own seed-0 model (:func:`neuron_port.checks.reference.reference_for_source`).
 
 With ``resident``, steps 2-4 run on what an nxd artifact's ModelBuilder traces instead: the
 KV-resident prefill module :func:`neuron_port.backends.nxd_artifact.resident_factory` builds,
@@ -46,10 +46,10 @@ def _run(rank: int, tp: int, name: str, port: int, expand_kv: bool, resident: bo
         from neuronx_distributed.trace.trace import get_sharded_checkpoint
 
         from neuron_port.backends.nxd import nxd_checkpoint, parallelize_for_nxd
-        from neuron_port.layout import describe
-        from neuron_port.models import checkpoint_state, model_from_name
-        from neuron_port.ranks import RankSetup
-        from neuron_port.reference import reference_for_source
+        from neuron_port.model.layout import describe
+        from neuron_port.model.loading import checkpoint_state, model_from_name
+        from neuron_port.parallel.ranks import RankSetup
+        from neuron_port.checks.reference import reference_for_source
 
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
         source = model_from_name(name, tiny=True, seed=0)
@@ -85,12 +85,12 @@ def _run_resident(rank: int, tp: int, name: str, source, setup, get_sharded_chec
 
     from neuron_port.backends.nxd import traced_checkpoint
     from neuron_port.backends.nxd_artifact import resident_factory
-    from neuron_port.embedding import HostEmbeddings
-    from neuron_port.host_inputs import HostInputs
-    from neuron_port.logits import softcap
-    from neuron_port.models import model_from_name
-    from neuron_port.reference import reference_for_source
-    from neuron_port.shapes import PortShape
+    from neuron_port.graph.embedding import HostEmbeddings
+    from neuron_port.graph.host_inputs import HostInputs
+    from neuron_port.generation.logits import softcap
+    from neuron_port.model.loading import model_from_name
+    from neuron_port.checks.reference import reference_for_source
+    from neuron_port.graph.shapes import PortShape
 
     local = PortShape(16, 32).stores(setup.layout, setup.plan.local_kv_heads(rank))
     inputs = HostInputs(setup.layout, local, HostEmbeddings.from_model(source))

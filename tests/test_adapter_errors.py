@@ -11,7 +11,7 @@ import json
 import pytest
 
 from neuron_port import families
-from neuron_port.artifact import ArtifactError, _check_adapter
+from neuron_port.artifacts.manifest import ArtifactError, _check_adapter
 from neuron_port.families import AdapterSource, DecoderFamily
 from tests.helpers import run_cli
 
@@ -76,10 +76,10 @@ def test_a_plugin_of_another_version_than_the_artifacts_is_refused(monkeypatch):
                 "version": "0.1.0", "entry_point": "helium"}
     manifest = {"model_type": "llama", "adapter": recorded}
     newer = AdapterSource("helium", "helium_port:HeliumFamily", "helium-port", "0.2.0", "helium")
-    monkeypatch.setattr("neuron_port.artifact.adapter_source", lambda family: newer)
+    monkeypatch.setattr("neuron_port.artifacts.manifest.adapter_source", lambda family: newer)
     with pytest.raises(ArtifactError, match="this environment has helium-port==0.2.0.*--allow-version-mismatch"):
         _check_adapter(manifest, allow_mismatch=False)
     _check_adapter(manifest, allow_mismatch=True)
     same = AdapterSource("helium", "helium_port:HeliumFamily", "helium-port", "0.1.0", "helium")
-    monkeypatch.setattr("neuron_port.artifact.adapter_source", lambda family: same)
+    monkeypatch.setattr("neuron_port.artifacts.manifest.adapter_source", lambda family: same)
     _check_adapter(manifest, allow_mismatch=False)

@@ -8,12 +8,15 @@ import sys
 import pytest
 import torch
 
-from neuron_port import artifact, describe, load_config
+from neuron_port import describe, load_config
+
+from neuron_port.artifacts import manifest as artifact
 from neuron_port.backends.neuron import compiler_args
 from neuron_port.backends.nxd import KVResident, alias_map, rank_checkpoints
-from neuron_port.models import build_model
-from neuron_port.port import Port, greedy_generate
-from neuron_port.ranks import RankSetup
+from neuron_port.model.loading import build_model
+from neuron_port.generation.static_batch import greedy_generate
+from neuron_port.graph.port import Port
+from neuron_port.parallel.ranks import RankSetup
 from tests.helpers import load_rank0_port, run_cli, run_cli_process, write_tiny_artifact
 
 
@@ -53,8 +56,8 @@ def _served_tp2_matches_generate(out):
 
     import httpx
 
-    from neuron_port.models import load_source
-    from neuron_port.oracle import reference_generate
+    from neuron_port.model.loading import load_source
+    from neuron_port.checks.oracle import reference_generate
     from tests.helpers import ServerProcess
 
     prompts = [[2, 17, 33, 5, 92], [2, 41, 7, 300, 12, 58]]
@@ -75,8 +78,8 @@ def _served_tp2_matches_generate(out):
 
 
 def test_fresh_process_check_returns_data_and_names_the_childs_failure(e2b_artifact, tmp_path):
-    from neuron_port.artifact import ArtifactError
-    from neuron_port.validation import check_in_fresh_process
+    from neuron_port.artifacts.manifest import ArtifactError
+    from neuron_port.checks.validation import check_in_fresh_process
 
     result = check_in_fresh_process(e2b_artifact, prompt_len=12, max_new_tokens=6)
     assert result["seq_match"] is True and result["tokens"] == result["reference_tokens"] and len(result["tokens"]) == 6
@@ -87,6 +90,39 @@ def test_fresh_process_check_returns_data_and_names_the_childs_failure(e2b_artif
     (broken / "rank0" / "decode_64.pt").write_bytes(b"not a graph")
     with pytest.raises(ArtifactError, match="fresh-process check failed: ArtifactError: .*decode_64.pt"):
         check_in_fresh_process(broken, prompt_len=12, max_new_tokens=6)
+
+
+def _module_paths_in(directory):
+    """Every dotted ``neuron_port`` path an artifact's loader could import: in the manifest, the rank
+    JSON files and the saved graphs' code (TorchScript's ``*.debug_pkl`` only holds source lines for
+    tracebacks and is never imported). Families paths (``neuron_port.families.<f>:<Class>``) are kept
+    where they are on purpose, so they are not listed."""
+    import re
+    import zipfile
+
+    pattern = re.compile(rb"neuron_port(?:\.\w+)+(?::\w+)?")
+    found = set()
+    for path in sorted(directory.rglob("*")):
+        if path.suffix == ".json":
+            found |= set(pattern.findall(path.read_bytes()))
+        elif path.suffix == ".pt":
+            with zipfile.ZipFile(path) as archive:
+                for name in archive.namelist():
+                    if not name.endswith(".debug_pkl"):
+                        found |= set(pattern.findall(archive.read(name)))
+    return sorted(p.decode() for p in found if not p.startswith(b"neuron_port.families."))
+
+
+def test_an_artifact_names_no_module_a_tree_move_can_break(e2b_artifact, tmp_path):
+    """An artifact written before the package moved into layer folders still loads after it: nothing
+    it records names a module path other than a family adapter's (which never move). The fresh-process
+    check above loads and runs one; this keeps what it depends on true, and the scan finds a planted path."""
+    manifest = json.loads((e2b_artifact / "manifest.json").read_text())
+    assert manifest["adapter"]["adapter_class"] == "neuron_port.families.gemma4:Gemma4Family"
+    assert _module_paths_in(e2b_artifact) == []
+    planted = _copy(e2b_artifact, tmp_path)
+    (planted / "rank0" / "graph_weights.json").write_text(json.dumps({"runner": "neuron_port.graph.runners:Runners"}))
+    assert _module_paths_in(planted) == ["neuron_port.graph.runners:Runners"]
 
 
 def test_loaded_artifact_equals_the_in_process_port(e2b_artifact):
@@ -131,7 +167,7 @@ def test_flipping_one_byte_of_a_weights_file_is_refused(e2b_artifact, tmp_path):
 
 
 def test_interrupted_compile_leaves_nothing_generate_accepts(tmp_path, monkeypatch):
-    import neuron_port.artifact_writer as writer
+    import neuron_port.artifacts.writer as writer
 
     def boom(*args, **kwargs):
         raise KeyboardInterrupt("simulated interruption")
@@ -147,7 +183,7 @@ def test_interrupted_compile_leaves_nothing_generate_accepts(tmp_path, monkeypat
 
 def test_killed_compile_process_leaves_no_artifact(tmp_path):
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "neuron_port.cli", "compile", "gemma-4-12b", "--tiny", "--out", str(out)],
+    proc = subprocess.Popen([sys.executable, "-m", "neuron_port.cli.command", "compile", "gemma-4-12b", "--tiny", "--out", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     import time
 
@@ -164,7 +200,7 @@ def test_killed_compile_process_leaves_no_artifact(tmp_path):
 
 def test_version_mismatch_is_refused_unless_overridden(tmp_path, monkeypatch):
     real = artifact.installed_versions()
-    monkeypatch.setattr("neuron_port.artifact_writer.installed_versions", lambda: {**real, "torch": "1.0.0"})
+    monkeypatch.setattr("neuron_port.artifacts.writer.installed_versions", lambda: {**real, "torch": "1.0.0"})
     out = tmp_path / "old"
     write_tiny_artifact(build_model(load_config("gemma-4-e2b", tiny=True)), out,
                         {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0})
@@ -264,7 +300,7 @@ def test_nxd_checkpoint_column_split_gives_each_rank_its_planned_kv_heads():
     """NxD splits columns evenly; the expanded K/V rows make that split equal the library's plan."""
     from neuron_port.backends.nxd import expanded_kv_rows, nxd_checkpoint
     from neuron_port.errors import ShardingError
-    from neuron_port.sharding import head_rows, plan_attention
+    from neuron_port.parallel.sharding import head_rows, plan_attention
 
     model = build_model(load_config("gemma-4-12b", tiny=True), seed=0)
     layout = describe(model)
@@ -309,9 +345,9 @@ def test_a_bf16_artifact_is_checked_against_the_float32_reference(tmp_path):
     """compile --dtype bf16 of a model directory: bf16 files, and generate --check compares with the
     float32 from_pretrained reference (proven the same checkpoint by the fingerprint of its bf16
     cast) within the measured bf16 bound; an artifact of another dtype is refused by --dtype."""
-    from neuron_port.localdir import write_model_dir
-    from neuron_port.models import build_model
-    from neuron_port.selfcheck import REDUCED_PRECISION_LOGIT_TOLERANCE
+    from neuron_port.model.localdir import write_model_dir
+    from neuron_port.model.loading import build_model
+    from neuron_port.checks.selfcheck import REDUCED_PRECISION_LOGIT_TOLERANCE
     from safetensors import safe_open
 
     model_dir, out = tmp_path / "model", tmp_path / "artifact"

@@ -13,13 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neuron_port import describe, load_config
-from neuron_port.continuous import SlotBatch
-from neuron_port.engine import Engine, Request
-from neuron_port.models import build_model
-from neuron_port.oracle import reference_generate
-from neuron_port.port import Port
-from neuron_port.rows import GenerationParams, TokenEvent
-from neuron_port.sampling import SamplingParams
+from neuron_port.generation.slots import SlotBatch
+from neuron_port.serve.engine import Engine, Request
+from neuron_port.model.loading import build_model
+from neuron_port.checks.oracle import reference_generate
+from neuron_port.graph.port import Port
+from neuron_port.generation.request_state import GenerationParams, TokenEvent
+from neuron_port.generation.sampling import SamplingParams
 
 SLOTS = 3
 
@@ -78,7 +78,7 @@ def test_a_solo_run_is_hugging_face_generate(port):
 
 def test_a_failing_request_alone_ends(port, monkeypatch):
     """An error while advancing one row (here: injected for seed 13) fails that request only."""
-    import neuron_port.continuous as continuous
+    import neuron_port.generation.slots as continuous
 
     port = port[0]
     real = continuous.advance

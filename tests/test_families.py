@@ -13,15 +13,15 @@ import pytest
 import torch
 
 from neuron_port import describe, load_config
-from neuron_port.configs import load_config_dict, shipped_names, tiny_config_dict
+from neuron_port.model.configs import load_config_dict, shipped_names, tiny_config_dict
 from neuron_port.families import family_for
-from neuron_port.graphs import DecodeGraph
-from neuron_port.kvcache import kv_store_spec
-from neuron_port.models import build_model, load_model_dir, save_model_dir
-from neuron_port.oracle import reference_generate
-from neuron_port.port import Port
-from neuron_port.generation import generate
-from neuron_port.shapes import PortShape
+from neuron_port.graph.graphs import DecodeGraph
+from neuron_port.graph.kv import kv_store_spec
+from neuron_port.model.loading import build_model, load_model_dir, save_model_dir
+from neuron_port.checks.oracle import reference_generate
+from neuron_port.graph.port import Port
+from neuron_port.generation.generate import generate
+from neuron_port.graph.shapes import PortShape
 from tests.helpers import run_cli
 
 PROMPT = [2] + list(range(7, 30))  # 24 tokens
@@ -129,7 +129,7 @@ def test_a_mask_in_the_wrong_form_fails_loudly(monkeypatch):
 
 
 def test_doctor_passes_a_llama_model_dir(tmp_path):
-    from neuron_port.localdir import write_model_dir
+    from neuron_port.model.localdir import write_model_dir
 
     write_model_dir(build_model(load_config("llama", tiny=True), seed=0), tmp_path)
     result = run_cli("doctor", str(tmp_path), "--json")

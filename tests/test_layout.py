@@ -9,8 +9,8 @@ import torch
 
 from neuron_port import describe, load_config
 from neuron_port.errors import ConfigError, UnsupportedArchitectureError
-from neuron_port.layout import check_model
-from neuron_port.models import build_model
+from neuron_port.model.layout import check_model
+from neuron_port.model.loading import build_model
 
 
 from tests.helpers import run_cli as _cli
@@ -133,7 +133,7 @@ def test_malformed_json_dir(tmp_path):
 
 
 def test_multimodal_wrapper_config(tmp_path):
-    from neuron_port.configs import load_config_dict
+    from neuron_port.model.configs import load_config_dict
 
     text = load_config_dict("gemma-4-e2b")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma4", "text_config": text}))

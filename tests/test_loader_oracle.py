@@ -1,6 +1,6 @@
 """The library's loader against transformers' own ``from_pretrained``, for every shipped family.
 
-The oracle (neuron_port.reference) is transformers' loading; the loader (models.load_model_dir:
+The oracle (neuron_port.checks.reference) is transformers' loading; the loader (models.load_model_dir:
 meta device, then the checkpoint) must give the same model, every parameter and every buffer,
 persistent or not. The negative tests show the check names what a broken loader leaves behind.
 """
@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from neuron_port import load_config
-from neuron_port.configs import SHIPPED
-from neuron_port.loader_check import loader_mismatches, loader_verdict
-from neuron_port.localdir import write_model_dir
-from neuron_port.models import build_model, load_model_dir, nonpersistent_buffer_owners
-from neuron_port.reference import hf_reference_model
+from neuron_port.model.configs import SHIPPED
+from neuron_port.checks.loader_check import loader_mismatches, loader_verdict
+from neuron_port.model.localdir import write_model_dir
+from neuron_port.model.loading import build_model, load_model_dir, nonpersistent_buffer_owners
+from neuron_port.checks.reference import hf_reference_model
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -35,7 +35,7 @@ def _old_loader(directory):
     """The loader as it was: built on the meta device, ``to_empty``-ed, the checkpoint copied in,
     the RoPE module rebuilt: every other non-persistent buffer is left as uninitialised memory."""
     from neuron_port.families import family_for
-    from neuron_port.models import read_checkpoint
+    from neuron_port.model.loading import read_checkpoint
 
     config = load_config(directory)
     family = family_for(config.model_type)

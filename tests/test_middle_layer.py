@@ -11,22 +11,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neuron_port import describe, load_config
-from neuron_port.artifact_reader import artifact_setup, load_rank_port
-from neuron_port.artifact_writer import write_artifact
-from neuron_port.attention import KV_EXPAND
+from neuron_port.artifacts.reader import artifact_setup, load_rank_port
+from neuron_port.artifacts.writer import write_artifact
+from neuron_port.graph.attention import KV_EXPAND
 from neuron_port.backends import get_backend
-from neuron_port.configs import load_config_dict, tiny_config_dict
+from neuron_port.model.configs import load_config_dict, tiny_config_dict
 from neuron_port.errors import BucketError
 from neuron_port.families import family_for
-from neuron_port.generation import generate
-from neuron_port.kvcache import KVStore, kv_store_spec
-from neuron_port.models import build_model, save_model_dir
-from neuron_port.oracle import reference_generate
-from neuron_port.parallel import identity_reduce
-from neuron_port.port import Port
-from neuron_port.ranks import Rank, RankSetup, make_rank, run_ranks
-from neuron_port.shapes import PortShape, select_bucket
-from neuron_port.step import INPUT_NAMES, StepInputs, kv_aliases, run_step
+from neuron_port.generation.generate import generate
+from neuron_port.graph.kv import KVStore, kv_store_spec
+from neuron_port.model.loading import build_model, save_model_dir
+from neuron_port.checks.oracle import reference_generate
+from neuron_port.parallel.launch import identity_reduce
+from neuron_port.graph.port import Port
+from neuron_port.parallel.ranks import Rank, RankSetup, make_rank, run_ranks
+from neuron_port.graph.shapes import PortShape, select_bucket
+from neuron_port.graph.step import INPUT_NAMES, StepInputs, kv_aliases, run_step
 
 PROMPT = [2, 17, 33, 5, 92, 41, 7, 300, 12, 58, 9, 77, 140, 3, 64, 211, 18, 25]
 

@@ -20,10 +20,10 @@ import torch
 
 from neuron_port.backends.neuron import NeuronBackend
 from neuron_port.errors import NeuronPortError
-from neuron_port.layout import describe
-from neuron_port.models import build_model
-from neuron_port.configs import load_config
-from neuron_port.port import Port
+from neuron_port.model.layout import describe
+from neuron_port.model.loading import build_model
+from neuron_port.model.configs import load_config
+from neuron_port.graph.port import Port
 
 
 def check_trace_call(func, kwargs: dict) -> None:
@@ -121,7 +121,7 @@ def test_the_old_call_is_caught_by_the_contract(neuronx):
 
 
 def test_compiled_graphs_still_match_the_eager_port(neuronx):
-    from neuron_port.generation import greedy_generate
+    from neuron_port.generation.generate import greedy_generate
 
     prompt = [2, 40, 41, 42, 43]
     eager = greedy_generate(_port(), [prompt], 6).tokens
@@ -132,7 +132,7 @@ def test_compiled_graphs_still_match_the_eager_port(neuronx):
 
 def test_graphs_that_keep_their_own_store_are_caught(neuronx, monkeypatch):
     """Bound without the shared store, decode reads a store prefill never wrote: its logits differ."""
-    from neuron_port.generation import greedy_generate
+    from neuron_port.generation.generate import greedy_generate
 
     prompt = [2, 40, 41, 42, 43]
     eager = greedy_generate(_port(), [prompt], 4, keep_logits=True)

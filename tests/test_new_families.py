@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from neuron_port import describe, load_config
-from neuron_port.generation import generate
-from neuron_port.models import build_model
-from neuron_port.oracle import reference_generate
-from neuron_port.selfcheck import check_step_logits
-from neuron_port.shapes import PortShape
+from neuron_port.generation.generate import generate
+from neuron_port.model.loading import build_model
+from neuron_port.checks.oracle import reference_generate
+from neuron_port.checks.selfcheck import check_step_logits
+from neuron_port.graph.shapes import PortShape
 from tests.helpers import run_cli
 
 PROMPT = [2] + torch.randint(3, 512, (23,), generator=torch.Generator().manual_seed(0)).tolist()

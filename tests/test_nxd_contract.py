@@ -20,13 +20,13 @@ import pytest
 import torch
 
 from neuron_port.backends import nxd
-from neuron_port.configs import load_config
-from neuron_port.graphs import DecodeGraph, PrefillGraph
-from neuron_port.kvcache import KVStore
-from neuron_port.layout import describe
-from neuron_port.models import build_model
-from neuron_port.ranks import RankSetup
-from neuron_port.shapes import PortShape
+from neuron_port.model.configs import load_config
+from neuron_port.graph.graphs import DecodeGraph, PrefillGraph
+from neuron_port.graph.kv import KVStore
+from neuron_port.model.layout import describe
+from neuron_port.model.loading import build_model
+from neuron_port.parallel.ranks import RankSetup
+from neuron_port.graph.shapes import PortShape
 from tests.sdk_standin.neuronx_distributed.trace.model_builder import BaseModelInstance  # NxD's class, as in release 2.28.0
 
 

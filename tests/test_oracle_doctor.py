@@ -8,10 +8,10 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models
 
 from neuron_port import load_config
-from neuron_port.doctor import run_doctor, report, tokenizer_problems
-from neuron_port.localdir import write_tokenizer
-from neuron_port.models import build_model, read_checkpoint
-from neuron_port.oracle import (
+from neuron_port.checks.doctor import run_doctor, report, tokenizer_problems
+from neuron_port.model.localdir import write_tokenizer
+from neuron_port.model.loading import build_model, read_checkpoint
+from neuron_port.checks.oracle import (
     GoldenMismatchError,
     Golden,
     check_logits,

@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neuron_port import describe, load_config
-from neuron_port.lint import SBUF_BYTES_PER_PARTITION, lint_model, sbuf_bytes_per_partition
+from neuron_port.checks.lint import SBUF_BYTES_PER_PARTITION, lint_model, sbuf_bytes_per_partition
 from neuron_port.planner import TARGETS, Target, device_params_per_core, plan_capacity
-from neuron_port.port import Port
-from neuron_port.sharding import plan_model
-from neuron_port.models import build_model
+from neuron_port.graph.port import Port
+from neuron_port.parallel.sharding import plan_model
+from neuron_port.model.loading import build_model
 from tests.helpers import run_cli, run_cli_json
 
 MiB = 1 << 20
@@ -133,7 +133,7 @@ def test_lint_reports_softcap_overflow_only_when_in_graph():
 
 def test_lint_flags_index_assignment_cache_writes():
     """Cache writes by index assignment are caught: index_put for index vectors, a baked value for scalars."""
-    from neuron_port.lint import _scan, _trace
+    from neuron_port.checks.lint import _scan, _trace
 
     class IndexWrite(torch.nn.Module):
         def forward(self, buf, pos, new):

@@ -44,7 +44,7 @@ def helium(tmp_path_factory):
     """(environment with helium-port installed, a Helium model directory with random weights)."""
     from transformers import HeliumConfig, HeliumForCausalLM
 
-    from neuron_port.localdir import write_tokenizer
+    from neuron_port.model.localdir import write_tokenizer
 
     root = tmp_path_factory.mktemp("helium")
     env = _install("helium_port", root)

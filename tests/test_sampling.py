@@ -5,7 +5,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from neuron_port.sampling import (
+from neuron_port.generation.sampling import (
     SamplingParams,
     _tie_inclusive_topk,
     draw,

@@ -13,14 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neuron_port import describe, load_config
-from neuron_port.embedding import HostEmbeddings
-from neuron_port.generation import generate
-from neuron_port.oracle import reference_generate
+from neuron_port.graph.embedding import HostEmbeddings
+from neuron_port.generation.generate import generate
+from neuron_port.checks.oracle import reference_generate
 from neuron_port.families import DecoderFamily, Phi3Family
-from neuron_port.models import build_model
-from neuron_port.ranks import RankSetup
-from neuron_port.selfcheck import LOGIT_TOLERANCE, check_attention, check_embeddings, check_logits, probe_ids
-from neuron_port.shapes import PortShape
+from neuron_port.model.loading import build_model
+from neuron_port.parallel.ranks import RankSetup
+from neuron_port.checks.selfcheck import LOGIT_TOLERANCE, check_attention, check_embeddings, check_logits, probe_ids
+from neuron_port.graph.shapes import PortShape
 
 SHAPE = PortShape(16, 32)
 
@@ -74,7 +74,7 @@ def test_a_config_copy_that_keeps_hf_attention_is_caught(monkeypatch):
 def test_a_config_copy_is_caught_where_tokens_match_by_luck(monkeypatch):
     """4 q / 2 kv heads at tp 2: HF's own attention computes the right thing on each rank, so tokens
     would match; the sentinel still sees that the library's function never ran."""
-    from neuron_port.configs import load_config_dict, tiny_config_dict
+    from neuron_port.model.configs import load_config_dict, tiny_config_dict
     from neuron_port.families import family_for
 
     monkeypatch.setattr(Phi3Family, "use_attention",

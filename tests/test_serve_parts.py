@@ -11,9 +11,9 @@ pytest.importorskip("fastapi")
 from tokenizers import Tokenizer, models, pre_tokenizers, processors  # noqa: E402
 
 from neuron_port.families import family_for  # noqa: E402
-from neuron_port.localdir import build_tokenizer  # noqa: E402
-from neuron_port.prompts import bos_prefix, text_prompt  # noqa: E402
-from neuron_port.chat import chat_format  # noqa: E402
+from neuron_port.model.localdir import build_tokenizer  # noqa: E402
+from neuron_port.generation.prompts import bos_prefix, text_prompt  # noqa: E402
+from neuron_port.generation.chat import chat_format  # noqa: E402
 from neuron_port.families.gemma4 import gemma_chat_prompt  # noqa: E402
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
@@ -82,7 +82,7 @@ def test_a_text_prompt_is_the_tokenizers_own_encoding(tmp_path):
 def test_a_stream_that_fails_ends_with_an_error_event_and_done():
     import asyncio
 
-    from neuron_port.rows import TokenEvent
+    from neuron_port.generation.request_state import TokenEvent
     from neuron_port.serve.metrics import Metrics
     from neuron_port.serve.reply import Reply
 
@@ -128,8 +128,8 @@ def test_a_chat_template_renders_as_transformers_renders_it(tmp_path):
     tokens as variables: the same text as transformers' apply_chat_template, and the same ids."""
     from transformers import AutoTokenizer
 
-    from neuron_port.chat import chat_format
-    from neuron_port.localdir import write_tokenizer
+    from neuron_port.generation.chat import chat_format
+    from neuron_port.model.localdir import write_tokenizer
 
     write_tokenizer(tmp_path, 512)
     template = (

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from neuron_port.errors import ShardingError
-from neuron_port.sharding import head_columns, head_rows, plan_attention, valid_tp_degrees
+from neuron_port.parallel.sharding import head_columns, head_rows, plan_attention, valid_tp_degrees
 
 
 @st.composite

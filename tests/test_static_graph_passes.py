@@ -24,8 +24,9 @@ from neuron_port.backends.static_graph_passes import (
     swap_few_row_transposed_products,
 )
 from neuron_port.errors import BucketError
-from neuron_port.models import build_model
-from neuron_port.port import Port, greedy_generate
+from neuron_port.model.loading import build_model
+from neuron_port.generation.static_batch import greedy_generate
+from neuron_port.graph.port import Port
 
 
 class _Block(nn.Module):

@@ -1,10 +1,10 @@
-"""The shape of the package: an import graph without cycles, small modules and functions, one
-place that plans the sharding, no library module that runs the package's own command, and a
-README that lists every module.
+"""The shape of the package: folders that are layers (no module imports a higher one), an import
+graph without cycles, small modules and functions, one place that plans the sharding, no library
+module that runs the package's own command, and a README table of the layers.
 
 The import graph has an edge A -> B for every ``import`` or ``from ... import`` of B written in
 A, at any depth (function bodies included); imports under ``if TYPE_CHECKING:`` never run and
-are left out. ``from P import name`` points at ``P.name`` when that is a module, else at ``P``.
+are counted only where a check asks for them. ``from P import name`` points at ``P.name`` when that is a module, else at ``P``.
 """
 
 from __future__ import annotations
@@ -35,12 +35,13 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.AST) -> list[tuple[str, list[str]]]:
-    """(module, imported names) of every import statement outside TYPE_CHECKING blocks."""
+def _imports(tree: ast.AST, type_checking: bool = False) -> list[tuple[str, list[str]]]:
+    """(module, imported names) of every import statement; under ``if TYPE_CHECKING:`` only when
+    ``type_checking``."""
     found: list[tuple[str, list[str]]] = []
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not type_checking:
             for child in node.orelse:
                 visit(child)
             return
@@ -55,11 +56,12 @@ def _imports(tree: ast.AST) -> list[tuple[str, list[str]]]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(type_checking: bool = False) -> dict[str, set[str]]:
+    """Module -> the package modules it imports (``type_checking``: annotation-only imports too)."""
     modules = _modules()
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
-        for module, names in _imports(ast.parse(path.read_text())):
+        for module, names in _imports(ast.parse(path.read_text()), type_checking):
             targets = [f"{module}.{n}" for n in names if f"{module}.{n}" in modules] or [module]
             graph[name].update(t for t in targets if t in modules and t != name)
     return graph
@@ -95,14 +97,16 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_cycle_finder_finds_a_planted_cycle():
     graph = import_graph()
     planted = {k: set(v) for k, v in graph.items()}
-    planted["neuron_port.shapes"].add("neuron_port.runtime")  # runtime imports shapes
+    planted["neuron_port.graph.shapes"].add("neuron_port.generation.static_batch")  # runtime imports shapes
     assert find_cycle(planted) is not None
-    assert "neuron_port.shapes" in graph["neuron_port.runtime"]
+    assert "neuron_port.graph.shapes" in graph["neuron_port.generation.static_batch"]
 
 
 def test_no_import_cycles():
-    cycle = find_cycle(import_graph())
-    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+    """None at run time, and none once the imports written for annotations are counted too."""
+    for type_checking in (False, True):
+        cycle = find_cycle(import_graph(type_checking))
+        assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
 def test_modules_and_functions_stay_small():
@@ -123,12 +127,12 @@ def test_the_shard_plan_is_made_in_few_places():
     """``plan_model`` is called from at most three modules besides ``sharding`` itself."""
     callers = set()
     for name, path in _modules().items():
-        if name == "neuron_port.sharding":
+        if name == "neuron_port.parallel.sharding":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "plan_model":
                 callers.add(name)
-    assert "neuron_port.ranks" in callers
+    assert "neuron_port.parallel.ranks" in callers
     assert len(callers) <= 3, sorted(callers)
 
 
@@ -150,18 +154,92 @@ def test_no_library_module_runs_the_command():
     graph = import_graph()
     offenders = []
     for name, path in _modules().items():
-        if name in ("neuron_port.cli", "neuron_port.__main__") or name.startswith("neuron_port.commands"):
+        if name in ("neuron_port.cli.command", "neuron_port.__main__") or name.startswith("neuron_port.cli.commands"):
             continue
-        if _runs_the_command(ast.parse(path.read_text())) or graph[name] & {"neuron_port.cli", "neuron_port.commands"}:
+        if _runs_the_command(ast.parse(path.read_text())) or graph[name] & {"neuron_port.cli.command", "neuron_port.cli.commands"}:
             offenders.append(name)
     assert not offenders, offenders
     assert _runs_the_command(ast.parse('cmd = [sys.executable, "-m", "neuron_port", "generate"]'))
 
 
-def test_readme_module_table_lists_every_module():
+# The layers, bottom to top: a module may import its own layer and the ones below it, never one
+# above. The package root (``__init__``, ``__main__``) sits above them all.
+LAYERS = [
+    ("base", ["errors", "versions"]),
+    ("families", ["families"]),
+    ("model", ["model"]),
+    ("parallel", ["parallel"]),
+    ("graph", ["graph"]),
+    ("backends", ["backends"]),
+    ("artifacts", ["artifacts"]),
+    ("generation", ["generation"]),
+    ("checks", ["checks"]),
+    ("planner", ["planner"]),
+    ("serve", ["serve"]),
+    ("cli", ["cli"]),
+]
+ROOT_MODULES = {"neuron_port", "neuron_port.__main__"}
+
+
+def layer_of(module: str) -> int:
+    """Index in :data:`LAYERS` of the layer holding ``module`` (a dotted name under neuron_port)."""
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            dotted = "neuron_port." + prefix
+            if module == dotted or module.startswith(dotted + "."):
+                return index
+    raise LookupError(f"{module} is in no layer of tests/test_structure.py's LAYERS; place it in one")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every edge of ``graph`` from a module to a module of a higher layer, as readable lines."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        if module in ROOT_MODULES:
+            continue
+        for target in sorted(targets - ROOT_MODULES):
+            if layer_of(target) > layer_of(module):
+                found.append(f"{module} ({LAYERS[layer_of(module)][0]}) imports {target} "
+                             f"({LAYERS[layer_of(target)][0]})")
+    return found
+
+
+def test_every_module_sits_in_a_layer():
+    unplaced = []
+    for module in _modules():
+        if module in ROOT_MODULES:
+            continue
+        try:
+            layer_of(module)
+        except LookupError as exc:
+            unplaced.append(str(exc))
+    assert not unplaced, unplaced
+
+
+def test_no_module_imports_a_higher_layer():
+    """Run-time, function-level and annotation-only (``TYPE_CHECKING``) imports all count."""
+    found = upward_imports(import_graph(type_checking=True))
+    assert not found, found
+
+
+def test_the_layer_check_catches_a_planted_upward_import():
+    graph = {k: set(v) for k, v in import_graph(type_checking=True).items()}
+    graph["neuron_port.graph.kv"].add("neuron_port.generation.static_batch")
+    assert upward_imports(graph) == ["neuron_port.graph.kv (graph) imports neuron_port.generation.static_batch "
+                                     "(generation)"]
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from neuron_port.serve import app\n")
+    assert _imports(tree) == [("typing", ["TYPE_CHECKING"])]
+    assert ("neuron_port.serve", ["app"]) in _imports(tree, type_checking=True)
+
+
+def test_readme_layers_table_names_every_folder_and_top_module():
+    """README's layers table names every folder and top-level module, in the order of LAYERS."""
     readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("## Modules"):]
-    listed = set(re.findall(r"`([a-z0-9_.]+)`", table))
-    missing = [name.removeprefix("neuron_port.") for name in _modules()
-               if name != "neuron_port" and name.removeprefix("neuron_port.") not in listed]
-    assert not missing, missing
+    table = readme[readme.index("## Layers"):]
+    table = table[:table.index("\n## ")]
+    rows = re.findall(r"^\| `([a-z0-9_]+/|[a-z0-9_]+\.py)`", table, flags=re.M)
+    listed = set(re.findall(r"`([a-z0-9_]+/|[a-z0-9_]+\.py)`", table))
+    entries = {p.name + "/" if p.is_dir() else p.name for p in PACKAGE.iterdir()
+               if p.name not in ("__init__.py", "__main__.py", "__pycache__")}
+    assert entries - listed == set(), sorted(entries - listed)
+    assert [r.removesuffix("/").removesuffix(".py") for r in rows][1:] == [name for name, _ in LAYERS][1:]

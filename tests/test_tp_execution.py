@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from neuron_port import load_config
-from neuron_port.configs import load_config_dict, tiny_config_dict
+from neuron_port.model.configs import load_config_dict, tiny_config_dict
 from neuron_port.errors import ParallelRankError
 from neuron_port.families import family_for
-from neuron_port.logits import softcap
-from neuron_port.models import build_model
-from neuron_port.parallel import CHILD_ENV, run_gloo, run_in_process
-from neuron_port.oracle import reference_generate
-from neuron_port.generation import generate
-from neuron_port.shapes import PortShape
+from neuron_port.generation.logits import softcap
+from neuron_port.model.loading import build_model
+from neuron_port.parallel.launch import CHILD_ENV, run_gloo, run_in_process
+from neuron_port.checks.oracle import reference_generate
+from neuron_port.generation.generate import generate
+from neuron_port.graph.shapes import PortShape
 from tests.helpers import run_cli
 
 
@@ -109,7 +109,7 @@ def test_threaded_rank_failure_is_reported():
 def test_a_script_without_a_main_guard_is_told_what_to_add(tmp_path):
     """Each gloo rank imports the main script again: an unguarded launch must say so, in one message."""
     script = tmp_path / "unguarded.py"
-    script.write_text("from neuron_port.parallel import run_gloo\n"
+    script.write_text("from neuron_port.parallel.launch import run_gloo\n"
                       "from tests.test_tp_execution import _sum_ranks\n"
                       "print(run_gloo(_sum_ranks, 2))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}

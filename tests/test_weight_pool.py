@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from neuron_port.backends.weight_pool import POOL_FILE, WeightPool, lift_constants
-from neuron_port.models import build_model
-from neuron_port.configs import load_config
+from neuron_port.model.loading import build_model
+from neuron_port.model.configs import load_config
 from tests.helpers import load_rank0_port, run_cli
 
 BUCKETS = "16,32,64,128"
@@ -98,8 +98,8 @@ def test_artifact_holds_the_weights_once_whatever_the_bucket_count(tmp_path):
     for file in index:
         assert (art / "rank0" / file).stat().st_size < biggest * 2, file
     # the oracle fails the old layout: five frozen graphs, each saved with its constants
-    from neuron_port.port import Port
-    from neuron_port.layout import describe
+    from neuron_port.graph.port import Port
+    from neuron_port.model.layout import describe
     from neuron_port.backends import get_backend
 
     port = Port(model, describe(model), [16, 32, 64, 128], [256])
@@ -126,7 +126,7 @@ def test_loaded_graphs_share_one_copy_of_the_weights(tmp_path):
     assert any(isinstance(e, dict) and e["view_of"] == "host:word" or e == "host:word" or e == "host:word.T"
                for entries in pool.values() for e in entries)
     word_shape = list(port.embeddings.word.shape)
-    from neuron_port.tensorfile import read_header
+    from neuron_port.model.tensorfile import read_header
 
     header = read_header(art / "rank0" / POOL_FILE)[0]
     assert not any(sorted(v.get("shape", [])) == sorted(word_shape) for k, v in header.items() if k != "__metadata__")

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from neuron_port import describe, load_config
-from neuron_port.logits import softcap
-from neuron_port.models import build_model
-from neuron_port.oracle import reference_generate
-from neuron_port.ranks import RankSetup
-from neuron_port.shapes import PortShape
+from neuron_port.generation.logits import softcap
+from neuron_port.model.loading import build_model
+from neuron_port.checks.oracle import reference_generate
+from neuron_port.parallel.ranks import RankSetup
+from neuron_port.graph.shapes import PortShape
 
 pytestmark = pytest.mark.xla
 
@@ -64,8 +64,8 @@ def e2b():
 
 
 def _xla_run(model, shape, tokens, keep_logits=False):
-    from neuron_port.generation import generate
-    from neuron_port.xla_port import xla_port
+    from neuron_port.generation.generate import generate
+    from neuron_port.backends.xla_port import xla_port
 
     port, backend = xla_port(model, RankSetup.for_layout(describe(model), 1), shape)
     return port, generate(port, [PROMPT], tokens, keep_logits=keep_logits), backend.report()
@@ -87,7 +87,7 @@ def test_logits_of_every_step_match_and_the_store_grows_on_the_device(e2b):
 def test_lint_findings_catch_a_store_copied_in_and_out(e2b, monkeypatch):
     """Without the write-back the store is not aliased, and the finding says so."""
     from neuron_port.backends.xla import XlaRunner
-    from neuron_port.xla_lint import findings_of
+    from neuron_port.checks.xla_lint import findings_of
 
     clean = _xla_run(e2b, PortShape(24, 40), 4)[2]
     assert findings_of(clean) == [] and set(clean["aliased_buffers"]) == {"prefill_24", "decode_40"}
@@ -100,7 +100,7 @@ def test_lint_findings_catch_a_store_copied_in_and_out(e2b, monkeypatch):
 def test_lint_findings_catch_a_step_without_its_sync(e2b, monkeypatch):
     """Without one sync per step every step records all earlier ones: more compiles than graphs."""
     from neuron_port.backends.xla import XlaRunner
-    from neuron_port.xla_lint import findings_of
+    from neuron_port.checks.xla_lint import findings_of
 
     monkeypatch.setattr(XlaRunner, "sync_each_step", False)
     _, got, report = _xla_run(e2b, PortShape(20, 72), 6)

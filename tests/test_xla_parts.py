@@ -17,16 +17,16 @@ from neuron_port import describe, load_config
 from neuron_port.backends.hlo_text import aliased_buffers, summarize
 from neuron_port.errors import ShardingError
 from neuron_port.families import family_for
-from neuron_port.configs import load_config_dict, tiny_config_dict
-from neuron_port.generation import generate
-from neuron_port.models import build_model
-from neuron_port.oracle import reference_generate
-from neuron_port.parallel import identity_reduce
-from neuron_port.port import Port
-from neuron_port.ranks import RankSetup, make_rank
-from neuron_port.spmd import COLUMN, ROW, spmd_model, weight_splits
+from neuron_port.model.configs import load_config_dict, tiny_config_dict
+from neuron_port.generation.generate import generate
+from neuron_port.model.loading import build_model
+from neuron_port.checks.oracle import reference_generate
+from neuron_port.parallel.launch import identity_reduce
+from neuron_port.graph.port import Port
+from neuron_port.parallel.ranks import RankSetup, make_rank
+from neuron_port.backends.spmd import COLUMN, ROW, spmd_model, weight_splits
 from neuron_port.versions import transformers_problem
-from neuron_port.xla_lint import findings_of
+from neuron_port.checks.xla_lint import findings_of
 
 MODULE = """HloModule SyncTensorsGraph.42, is_scheduled=true, input_output_alias={ {0}: (3, {}, may-alias), {1}: (4, {}, may-alias) }, entry_computation_layout={(f32[2]{0})->(f32[2]{0})}
 
@@ -129,7 +129,7 @@ def test_an_old_transformers_is_refused_in_one_line(tmp_path):
 
 def test_spmd_layout_carries_biases_of_the_split_projections():
     """Llama with attention biases: the expanded K/V biases and the split q bias are the ranks' too."""
-    from neuron_port.configs import load_config_dict
+    from neuron_port.model.configs import load_config_dict
 
     text = {**tiny_config_dict(load_config_dict("llama")), "attention_bias": True}
     model = build_model(family_for("llama").make_config(text), seed=0)
@@ -152,7 +152,7 @@ def test_spmd_layout_carries_biases_of_the_split_projections():
 
 
 def test_the_runtime_takes_the_grad_mode_its_runners_allow():
-    from neuron_port.runtime import GenerationParams, Generator
+    from neuron_port.generation.static_batch import GenerationParams, Generator
 
     model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
     port = Port(copy.deepcopy(model), describe(model), [16], [32])
@@ -170,7 +170,7 @@ def test_the_runtime_takes_the_grad_mode_its_runners_allow():
 
 
 def test_a_grown_store_stays_on_its_device():
-    from neuron_port.kvcache import KVStore, kv_store_spec
+    from neuron_port.graph.kv import KVStore, kv_store_spec
 
     layout = describe(load_config("gemma-4-e2b", tiny=True))
     small, large = kv_store_spec(layout, 16), kv_store_spec(layout, 32)

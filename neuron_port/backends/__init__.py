@@ -12,7 +12,7 @@ def get_backend(name: str, **options):
     ``options`` go to the backend's constructor (``cpu``: ``passes=False`` keeps the traced graph
     as traced; ``neuron``: ``auto_cast``; ``xla``: ``setup``, the rank setup to run as SPMD).
     neuronx-distributed's ModelBuilder (``nxd``, :mod:`neuron_port.backends.nxd_artifact`) builds a
-    whole artifact at once rather than graph by graph (:func:`neuron_port.artifact_writer.write_artifact`
+    whole artifact at once rather than graph by graph (:func:`neuron_port.artifacts.writer.write_artifact`
     calls it); its backend object loads such an artifact's graphs."""
     if name in ("cpu", "cpu-eager"):
         from neuron_port.backends.cpu import CpuBackend

@@ -63,7 +63,7 @@ class CpuBackend:
         torch.jit.save(runnable, str(path))
 
     def load(self, path: Path) -> Runnable:
-        import neuron_port.collectives  # noqa: F401  (registers the all-reduce op traced graphs call)
+        import neuron_port.parallel.collectives  # noqa: F401  (registers the all-reduce op traced graphs call)
 
         return torch.jit.load(str(path), map_location="cpu")
 

@@ -32,7 +32,7 @@ from torch import nn
 from neuron_port.backends.nxd import KVResident, ResidentKVRunner, alias_map
 from neuron_port.backends.sdk import require_backend
 from neuron_port.errors import NeuronPortError
-from neuron_port.step import INPUT_NAMES
+from neuron_port.graph.step import INPUT_NAMES
 
 STATE_FILE = "neuron_state.safetensors"
 STATE_ALIASES = "neuron_state_aliases.json"

@@ -1,6 +1,6 @@
 """Tensor-parallel Neuron backend over neuronx-distributed's ModelBuilder.
 
-What this module builds, all from the library's own shard plan (:mod:`neuron_port.sharding`):
+What this module builds, all from the library's own shard plan (:mod:`neuron_port.parallel.sharding`):
 
 * NxD's ColumnParallel / RowParallel layers sized by the plan (:func:`parallelize_for_nxd`) and
   the full checkpoint its sharding splits (:func:`nxd_checkpoint`): K/V rows expanded so an even
@@ -41,12 +41,12 @@ from safetensors.torch import save_file
 from torch import nn
 
 from neuron_port.backends.sdk import require_backend
-from neuron_port.buffers import persistent_buffers
+from neuron_port.model.buffers import persistent_buffers
 from neuron_port.errors import ShardingError
-from neuron_port.models import checkpoint_state
-from neuron_port.parallel import CHILD_ENV, is_tp_child
-from neuron_port.ranks import Rank, RankSetup, run_ranks
-from neuron_port.sharding import expanded_kv_rows
+from neuron_port.model.loading import checkpoint_state
+from neuron_port.parallel.launch import CHILD_ENV, is_tp_child
+from neuron_port.parallel.ranks import Rank, RankSetup, run_ranks
+from neuron_port.parallel.sharding import expanded_kv_rows
 
 
 def nxd_checkpoint(model: nn.Module, setup: RankSetup, layer_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
@@ -118,7 +118,7 @@ def _rank_state(layer_dtype: torch.dtype | None, rank: Rank) -> dict[str, torch.
 
 def rank_checkpoints(model: nn.Module, setup: RankSetup, layer_dtype: torch.dtype | None = None) -> list[dict[str, torch.Tensor]]:
     """Per-rank state dicts from the setup's shard plan, buffers included, optionally cast (each
-    rank's shard made by :func:`neuron_port.ranks.run_ranks`, as threads)."""
+    rank's shard made by :func:`neuron_port.parallel.ranks.run_ranks`, as threads)."""
     return run_ranks(functools.partial(_rank_state, layer_dtype), setup, model, mode="threads")
 
 

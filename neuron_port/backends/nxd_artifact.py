@@ -27,13 +27,13 @@ from torch import nn
 
 from neuron_port.backends.base import check_single_kv_length
 from neuron_port.backends.nxd import KVResident, ResidentKVRunner, build, load, parallelize_for_nxd, traced_checkpoint
-from neuron_port.embedding import HostEmbeddings
+from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.errors import NeuronPortError
-from neuron_port.graphs import DecodeGraph, PrefillGraph
-from neuron_port.host_inputs import HostInputs
-from neuron_port.ranks import RankSetup
-from neuron_port.runners import runner_file
-from neuron_port.shapes import PortShape, StoreShapes
+from neuron_port.graph.graphs import DecodeGraph, PrefillGraph
+from neuron_port.graph.host_inputs import HostInputs
+from neuron_port.parallel.ranks import RankSetup
+from neuron_port.graph.runners import runner_file
+from neuron_port.graph.shapes import PortShape, StoreShapes
 
 GRAPHS_FILE = "nxd_graphs.json"
 

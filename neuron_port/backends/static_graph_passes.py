@@ -6,7 +6,7 @@ shapes. It also keeps casts to a dtype a value already has (``to``, ``type_as``)
 ``contiguous`` calls on contiguous values. On a CPU each such node costs the interpreter about
 a microsecond or more, and a mid-size decode step has thousands of them. The port only ever
 runs a graph with the shapes it was traced with (a prompt bucket or a KV length, and the
-compiled batch: :attr:`neuron_port.port.Port.batch` refuses any other), so those sizes are
+compiled batch: :attr:`neuron_port.graph.port.Port.batch` refuses any other), so those sizes are
 constants.
 
 Two more rewrites serve the products of a decode step, where MKL leaves the second core idle

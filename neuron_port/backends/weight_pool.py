@@ -33,7 +33,7 @@ from typing import Mapping, Sequence
 import torch
 from safetensors.torch import save_file
 
-from neuron_port.tensorfile import DTYPES, read_header, read_tensors
+from neuron_port.model.tensorfile import DTYPES, read_header, read_tensors
 
 LIFT_MIN_BYTES = 256
 """Tensor constants at least this large leave the graph for the pool; smaller ones (scalars,
@@ -249,7 +249,7 @@ def _entry_tensor(entry: str | dict, pooled: Mapping[str, torch.Tensor], host: M
 def bind_graphs(rank_dir: Path, files: Sequence[str], host: Mapping[str, torch.Tensor]) -> dict[str, BoundGraph]:
     """Load the pool once and every graph in ``files`` bound to it; ``host``: the host tables
     ({name: tensor}) that ``host:`` names refer to."""
-    import neuron_port.collectives  # noqa: F401  (registers the all-reduce op traced graphs call)
+    import neuron_port.parallel.collectives  # noqa: F401  (registers the all-reduce op traced graphs call)
 
     index = json.loads((rank_dir / INDEX_FILE).read_text())
     specs = json.loads((rank_dir / SPEC_FILE).read_text())

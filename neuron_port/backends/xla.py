@@ -15,7 +15,7 @@ graphs, their weights and the KV store on the XLA device:
 * with ``setup`` at tp > 1: SPMD over tp CPU devices (``xr.use_spmd()``, a 1-D ``tp`` mesh); the
   weights are annotated from the setup's shard plan (q, k, v, gate, up split by rows; o, down by
   columns; norms, embeddings' LM head and the rest replicated) and the store by KV head, so device
-  r holds exactly rank r's shard of every split weight (see :mod:`neuron_port.spmd`) and XLA's
+  r holds exactly rank r's shard of every split weight (see :mod:`neuron_port.backends.spmd`) and XLA's
   partitioner writes the all-reduce.
 
 :class:`LoweringRecorder` keeps the facts of the lowering: compiles (cached and not), aten
@@ -40,7 +40,7 @@ from torch import nn
 from neuron_port.backends.hlo_text import HloSummary, summarize
 from neuron_port.backends.sdk import BackendUnavailableError
 from neuron_port.errors import NeuronPortError
-from neuron_port.step import INPUT_NAMES
+from neuron_port.graph.step import INPUT_NAMES
 
 XLA_HINT = ("install torch-xla beside the matching torch, in its own virtualenv (torch-xla 2.8 needs torch 2.8): "
             "pip install torch==2.8.0 torch-xla==2.8.0, then run with PJRT_DEVICE=CPU")
@@ -255,7 +255,7 @@ class XlaBackend:
         self.weight_bytes_to_device += sum(t.numel() * t.element_size() for t in tensors)
         model.to(self.device)
         if self.devices > 1:
-            from neuron_port.spmd import weight_splits
+            from neuron_port.backends.spmd import weight_splits
 
             for weight, spec in weight_splits(model, self.setup):
                 self.xs.mark_sharding(weight, self.mesh, spec)

@@ -330,7 +330,7 @@ class DecoderFamily:
         return {}
 
     def reinit_nonpersistent(self, model: nn.Module, config: Any) -> None:
-        """After the model's own ``_init_weights`` (:func:`neuron_port.models.init_nonpersistent_buffers`),
+        """After the model's own ``_init_weights`` (:func:`neuron_port.model.loading.init_nonpersistent_buffers`),
         finish never-saved buffers; the default rebuilds the RoPE module from the config."""
         text = self.text_model(model)
         if hasattr(text, "rotary_emb"):

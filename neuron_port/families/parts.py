@@ -18,7 +18,7 @@ TINY_HIDDEN = 64
 TINY_HEAD_DIM = 16
 TINY_INTERMEDIATE = 128
 TINY_PER_LAYER_INPUT = 8
-# Special ids of the demo tokenizer (neuron_port.localdir): pad 0, eos 1, bos 2.
+# Special ids of the demo tokenizer (neuron_port.model.localdir): pad 0, eos 1, bos 2.
 TINY_SPECIAL_IDS = {"pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
 
 

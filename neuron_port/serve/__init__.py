@@ -11,13 +11,13 @@
 Fields follow OpenAI (``n``, ``logprobs``/``top_logprobs``, ``stop``, ``seed``, penalties,
 ``logit_bias``, ``max_completion_tokens``, ``stream_options``, chat content parts) with vLLM's
 extras (``top_k``, ``repetition_penalty``, ``ignore_eos``, ``return_token_ids``). Requests are
-decoded with continuous batching (:mod:`neuron_port.continuous`).
+decoded with continuous batching (:mod:`neuron_port.generation.slots`).
 """
 
 from __future__ import annotations
 
 from neuron_port.serve.app import ServerApp, build_app, serve
-from neuron_port.chat import ChatFormat, chat_format
+from neuron_port.generation.chat import ChatFormat, chat_format
 from neuron_port.serve.loading import Served, load_served
 from neuron_port.serve.metrics import Metrics, render_metrics
 

@@ -13,11 +13,11 @@ import secrets
 from dataclasses import dataclass
 
 from neuron_port.errors import BucketError
-from neuron_port.rows import GenerationParams
-from neuron_port.sampling import SamplingParams
+from neuron_port.generation.request_state import GenerationParams
+from neuron_port.generation.sampling import SamplingParams
 from neuron_port.serve.loading import Served
 from neuron_port.serve.schemas import ChatRequest, CommonFields
-from neuron_port.shapes import select_bucket
+from neuron_port.graph.shapes import select_bucket
 
 DEFAULT_MAX_TOKENS = 16
 

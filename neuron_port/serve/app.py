@@ -25,7 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from neuron_port.engine import QueueFull, Request
+from neuron_port.serve.engine import QueueFull, Request
 from neuron_port.errors import NeuronPortError
 from neuron_port.serve.admission import Rejected, admit
 from neuron_port.serve.http import BodyLimit, FrontDoor, documented_openapi, validation_message

@@ -1,11 +1,11 @@
 """What the server serves: a model name, a model directory or an artifact, loaded into an engine.
 
 A model (a shipped name or a directory) goes through the same path as every command: its rank
-(tp 1) is set up by :mod:`neuron_port.ranks` and builds its port over the model; ``slim``
+(tp 1) is set up by :mod:`neuron_port.parallel.ranks` and builds its port over the model; ``slim``
 compiles that port for the engine's batch and drops the Hugging Face model from the host. An
 artifact is verified and its rank loads the compiled graphs and the host embeddings only; a
 tp > 1 artifact's other ranks run in processes of their own, stepping with the engine
-(:mod:`neuron_port.lockstep`).
+(:mod:`neuron_port.serve.lockstep`).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from neuron_port.engine import Engine, StaticEngine
+from neuron_port.serve.engine import Engine, StaticEngine
 from neuron_port.errors import NeuronPortError
-from neuron_port.port import Port
-from neuron_port.runtime import Generator
-from neuron_port.chat import ChatFormat, chat_format, generation_eos_ids
-from neuron_port.shapes import PortShape
-from neuron_port.tokenizer import load_tokenizer
+from neuron_port.graph.port import Port
+from neuron_port.generation.static_batch import Generator
+from neuron_port.generation.chat import ChatFormat, chat_format, generation_eos_ids
+from neuron_port.graph.shapes import PortShape
+from neuron_port.model.tokenizer import load_tokenizer
 
 
 @dataclass
@@ -47,11 +47,11 @@ class Served:
 
 def _artifact_port(path: Path, batching: str) -> tuple[Port, Any, int, Any]:
     """Rank 0's port of an artifact, its config, its batch, and the follower ranks of a tp > 1 one."""
-    from neuron_port.artifact import host_ranks, verify
-    from neuron_port.artifact_reader import artifact_setup, load_rank_port
-    from neuron_port.configs import load_config
-    from neuron_port.parallel import identity_reduce
-    from neuron_port.ranks import make_rank
+    from neuron_port.artifacts.manifest import host_ranks, verify
+    from neuron_port.artifacts.reader import artifact_setup, load_rank_port
+    from neuron_port.model.configs import load_config
+    from neuron_port.parallel.launch import identity_reduce
+    from neuron_port.parallel.ranks import make_rank
 
     manifest = verify(path)
     config = load_config(path / "config.json")
@@ -61,7 +61,7 @@ def _artifact_port(path: Path, batching: str) -> tuple[Port, Any, int, Any]:
     if batching != "continuous":
         raise NeuronPortError(f"a tp {manifest['tp']} artifact is served with continuous batching only "
                               "(its ranks step together round by round)")
-    from neuron_port.lockstep import Lockstep
+    from neuron_port.serve.lockstep import Lockstep
 
     family = artifact_setup(path, manifest).layout.family
     lockstep = Lockstep(path, manifest, int(manifest["batch"]), family.special_ids(config).pad or 0)
@@ -72,9 +72,9 @@ def _model_port(target: str, tiny: bool, seed: int, shape: PortShape, slim: bool
                 dtype: str = "fp32") -> tuple[Port, Any, int | None]:
     from neuron_port.backends import get_backend
     from neuron_port.families import family_of
-    from neuron_port.layout import describe
-    from neuron_port.models import model_from_name, parse_dtype
-    from neuron_port.ranks import RankSetup, run_ranks
+    from neuron_port.model.layout import describe
+    from neuron_port.model.loading import model_from_name, parse_dtype
+    from neuron_port.parallel.ranks import RankSetup, run_ranks
 
     model = model_from_name(target, tiny=tiny, seed=seed, dtype=parse_dtype(dtype))
     config = family_of(model).text_config_of(model)
@@ -91,7 +91,7 @@ def _tokenizer(path: Path, tiny: bool, vocab_size: int):
     if path.is_dir():
         return load_tokenizer(path)
     if tiny:
-        from neuron_port.localdir import build_tokenizer
+        from neuron_port.model.localdir import build_tokenizer
 
         return build_tokenizer(vocab_size)
     return None

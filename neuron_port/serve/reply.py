@@ -20,8 +20,8 @@ from typing import Any, AsyncIterator
 
 from fastapi.responses import JSONResponse
 
-from neuron_port.engine import Request
-from neuron_port.rows import TokenEvent
+from neuron_port.serve.engine import Request
+from neuron_port.generation.request_state import TokenEvent
 from neuron_port.serve.loading import Served
 from neuron_port.serve.metrics import Metrics
 

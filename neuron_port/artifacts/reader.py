@@ -1,0 +1,51 @@
+"""Reading an artifact back: its ranks and each rank's port.
+
+An artifact is read the way a server reads it: the manifest verified once
+(:func:`neuron_port.artifacts.manifest.verify`), then each rank assembles a
+:class:`~neuron_port.graph.port.Port` from its compiled graphs and the host embeddings — no model,
+no Hugging Face forward. The rank's KV layout is checked against what the manifest recorded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from neuron_port.artifacts.manifest import ArtifactError, host_ranks
+from neuron_port.backends import get_backend
+from neuron_port.model.configs import load_config
+from neuron_port.graph.embedding import load_host_embeddings
+from neuron_port.model.layout import describe
+from neuron_port.graph.port import Port
+from neuron_port.parallel.ranks import Rank, RankSetup
+from neuron_port.graph.runners import load_runners
+from neuron_port.graph.shapes import PortShape
+
+
+def artifact_setup(directory: str | Path, manifest: dict[str, Any]) -> RankSetup:
+    """The host ranks of an artifact: the layout of its config and the shard plan at its tp (at 1
+    for nxd, whose one executor runs every core: :func:`neuron_port.artifacts.manifest.host_ranks`)."""
+    return RankSetup.for_layout(describe(load_config(Path(directory) / "config.json")), host_ranks(manifest))
+
+
+def artifact_shape(manifest: dict[str, Any]) -> PortShape:
+    """The prompt buckets and KV lengths the artifact's graphs were compiled for."""
+    return PortShape(manifest["buckets"], manifest["kv_lens"], manifest.get("ring_buffers", True))
+
+
+def load_rank_port(directory: str | Path, manifest: dict[str, Any], rank: Rank) -> Port:
+    """Rank ``rank``'s port from a verified artifact: its compiled graphs and the host embeddings."""
+    directory = Path(directory)
+    config = load_config(directory / "config.json")
+    stores = artifact_shape(manifest).stores(rank.layout, rank.local_kv_heads)
+    expected = manifest["kv_layout"][rank.rank]
+    if stores.kv_layout() != expected:
+        raise ArtifactError(f"field kv_layout (rank {rank.rank}): expected {expected}, found {stores.kv_layout()} "
+                            "for this config and tp")
+    embeddings = load_host_embeddings(directory, config)
+    runners = load_runners(get_backend(manifest["backend"]), directory / f"rank{rank.rank}", stores.buckets,
+                           stores.kv_lens, int(manifest["batch"]), manifest.get("runners", {}), {"word": embeddings.word})
+    return Port.from_runners(rank.layout, stores, embeddings, runners)
+
+
+__all__ = ["artifact_setup", "artifact_shape", "load_rank_port"]

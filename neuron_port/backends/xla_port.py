@@ -1,0 +1,32 @@
+"""A port whose graphs run through torch-xla: one device at tp 1, SPMD over tp devices above.
+
+The same setup (shard plan) as every other path: at tp 1 the rank's graphs go to the XLA device;
+at tp > 1 the model is laid out so that device r's even slice of every weight and of the KV
+store is rank r's shard (:mod:`neuron_port.backends.spmd`), and XLA's partitioner writes the all-reduce.
+The backend's :meth:`~neuron_port.backends.xla.XlaBackend.report` tells how the graphs lowered.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from neuron_port.backends.xla import XlaBackend
+from neuron_port.graph.port import Port
+from neuron_port.parallel.ranks import RankSetup, run_ranks
+from neuron_port.graph.shapes import PortShape
+from neuron_port.backends.spmd import spmd_model
+
+
+def xla_port(model: nn.Module, setup: RankSetup, shape: PortShape, batch: int = 1) -> tuple[Port, XlaBackend]:
+    """The port of ``model`` under ``setup``, compiled for ``batch`` rows by the XLA backend (``model`` is not modified)."""
+    backend = XlaBackend(setup)  # fails fast, with the install hint, without torch-xla
+    if setup.tp == 1:
+        port = run_ranks(lambda rank: Port.for_rank(rank, shape), setup, model)[0]
+    else:
+        spread, kv_heads = spmd_model(model, setup)
+        port = Port(spread, setup.layout, shape.buckets, shape.kv_lens, shape.ring_buffers, kv_heads=kv_heads)
+    port.compile(backend, batch)
+    return port, backend
+
+
+__all__ = ["xla_port"]

@@ -1,0 +1,136 @@
+"""Checking a port against Hugging Face, in this process or in a fresh one.
+
+:func:`run_artifact` generates from an artifact directory alone; :func:`compare_with_reference`
+adds Hugging Face ``generate`` on the same checkpoint (tokens, first divergence classified);
+:func:`check_artifact` is both. :func:`check_in_fresh_process` runs :func:`check_artifact` in a
+new Python interpreter — the artifact loaded exactly as a server loads it, nothing inherited
+from this process — and returns its result as data (the child writes it to a file; no command
+output is parsed).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+from torch import nn
+
+from neuron_port.artifacts.manifest import ArtifactError, verify
+from neuron_port.checks.reference import reference_model
+from neuron_port.model.configs import load_config
+from neuron_port.families import family_for
+from neuron_port.generation.generate import GenerationResult, generate
+from neuron_port.checks.oracle import first_divergence, reference_generate
+from neuron_port.generation.prompts import random_prompt
+
+
+def artifact_prompt(directory: str | Path, prompt_len: int, seed: int = 0) -> list[int]:
+    """A seeded random prompt for an artifact's model (BOS first when its family has one)."""
+    config = load_config(Path(directory) / "config.json")
+    family = family_for(config.model_type)
+    return random_prompt(family.vocab_size(config), prompt_len, seed, family.special_ids(config).bos)
+
+
+def run_artifact(directory: str | Path, prompt: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int] = (),
+                 manifest: dict[str, Any] | None = None, keep_logits: bool = False) -> dict[str, Any]:
+    """Generate from the artifact alone; the result as ``neuron-port generate --json`` reports it
+    (``keep_logits``: every step's raw logits under ``"step_logits"``, tensors, not JSON)."""
+    manifest = manifest or verify(directory)
+    result: GenerationResult = generate(directory, [list(prompt)], max_new_tokens, stop_ids=stop_ids, manifest=manifest,
+                                        keep_logits=keep_logits)
+    extra = {"step_logits": result.step_logits} if keep_logits else {}
+    return {**extra,
+        "artifact": str(Path(directory).resolve()),
+        "backend": manifest["backend"],
+        "tp": manifest["tp"],
+        "prompt_tokens": len(prompt),
+        "new_tokens": len(result.tokens[0]),
+        "tokens": result.tokens[0],
+        "finish_reason": result.finish_reasons[0],
+        "prefill_s": round(result.prefill_s, 6),
+        "decode_tok_per_s": result.decode_tok_per_s,
+    }
+
+
+def compare_with_reference(out: dict[str, Any], reference: nn.Module, prompt: Sequence[int], max_new_tokens: int,
+                           stop_ids: Sequence[int] = ()) -> dict[str, Any]:
+    """``out`` (with ``tokens``) plus ``reference_tokens``, ``divergence`` and ``seq_match`` against
+    Hugging Face ``generate`` on ``reference``."""
+    ref = reference_generate(reference, list(prompt), max_new_tokens, list(stop_ids))
+    return {**out, "reference_tokens": ref["tokens"],
+            "divergence": first_divergence(out["tokens"], ref["tokens"], ref["logits"]),
+            "seq_match": out["tokens"] == ref["tokens"]}
+
+
+def artifact_self_checks(directory: str | Path, manifest: dict[str, Any], reference: nn.Module, prompt: Sequence[int],
+                         out: dict[str, Any]) -> dict[str, Any]:
+    """The self-checks an artifact allows, against the checkpoint it was built from: its host
+    embedding files, and every step's logits (``out["step_logits"]``, removed from ``out``) after
+    the softcap. Adds ``self_checks``, ``logit_check`` and ``self_checks_passed`` to ``out``."""
+    from neuron_port.graph.embedding import load_host_embeddings
+    from neuron_port.checks.selfcheck import (Check, check_embeddings, check_step_logits, logit_tolerance_for, result_fields,
+                                       tokens_must_match)
+
+    step_logits = out.pop("step_logits", [])
+    dtype = manifest.get("dtype", "torch.float32")
+    tolerance = logit_tolerance_for(manifest["backend"], dtype)
+    logits, report = check_step_logits(reference, prompt, out["tokens"], step_logits, tolerance)
+    config = load_config(Path(directory) / "config.json")
+    checks = [check_embeddings(reference, load_host_embeddings(directory, config)),
+              Check("attention", "skip", "compiled graphs run no Python: the attention check runs on a model"), logits]
+    return {**out, **result_fields(checks, report), "tokens_must_match": tokens_must_match(manifest["backend"], dtype)}
+
+
+def check_artifact(directory: str | Path, prompt_len: int = 24, max_new_tokens: int = 32,
+                   prompt: Sequence[int] | None = None, stop_ids: Sequence[int] = (), seed: int = 0) -> dict[str, Any]:
+    """Generate from the artifact and compare with Hugging Face on the artifact's own checkpoint
+    (rebuilt from the manifest's source and proven by its weights fingerprint): tokens, and the
+    self-checks (:func:`artifact_self_checks`)."""
+    manifest = verify(directory)
+    prompt = list(prompt) if prompt is not None else artifact_prompt(directory, prompt_len, seed)
+    out = run_artifact(directory, prompt, max_new_tokens, stop_ids, manifest, keep_logits=True)
+    reference = reference_model(manifest)
+    out = artifact_self_checks(directory, manifest, reference, prompt, out)
+    return compare_with_reference(out, reference, prompt, max_new_tokens, stop_ids)
+
+
+def _fresh_main(request_path: str, result_path: str) -> None:
+    """The child's side of :func:`check_in_fresh_process`: run the check, write the result or the error."""
+    request = json.loads(Path(request_path).read_text())
+    try:
+        result = {"ok": True, "result": check_artifact(**request)}
+    except Exception as exc:  # noqa: BLE001 - handed back to the parent with its type
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    Path(result_path).write_text(json.dumps(result))
+
+
+def check_in_fresh_process(directory: str | Path, prompt_len: int = 24, max_new_tokens: int = 32,
+                           timeout_s: float = 900, prompt: Sequence[int] | None = None,
+                           stop_ids: Sequence[int] = ()) -> dict[str, Any]:
+    """:func:`check_artifact` in a new Python process, from the directory alone (``prompt``: ids
+    to use instead of a random prompt of ``prompt_len``; ``stop_ids``: end-of-sequence ids).
+
+    Returns its result (``seq_match``, ``tokens``, ``reference_tokens``, ``decode_tok_per_s``,
+    ...). Raises ArtifactError with the child's message if it failed."""
+    request = {"directory": str(Path(directory).resolve()), "prompt_len": prompt_len, "max_new_tokens": max_new_tokens,
+               "prompt": list(prompt) if prompt is not None else None, "stop_ids": list(stop_ids)}
+    with tempfile.TemporaryDirectory(prefix="neuron_port_check_") as tmp:
+        request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        request_path.write_text(json.dumps(request))
+        code = "import sys; from neuron_port.checks.validation import _fresh_main; _fresh_main(sys.argv[1], sys.argv[2])"
+        proc = subprocess.run([sys.executable, "-c", code, str(request_path), str(result_path)],
+                              capture_output=True, text=True, timeout=timeout_s)
+        if not result_path.exists():
+            raise ArtifactError(f"fresh-process check died (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+        answer = json.loads(result_path.read_text())
+    if not answer["ok"]:
+        raise ArtifactError(f"fresh-process check failed: {answer['error']}")
+    return answer["result"]
+
+
+__all__ = ["artifact_prompt", "run_artifact", "compare_with_reference", "artifact_self_checks", "check_artifact",
+           "check_in_fresh_process"]

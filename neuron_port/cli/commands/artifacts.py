@@ -1,0 +1,112 @@
+"""``compile`` and ``generate``: write a verified artifact, and run one from its directory alone."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from neuron_port.cli.commands.common import (add_dtype_option, add_prompt_options, emit_generation, int_list, print_json,
+                                         prompt_ids)
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    from neuron_port.artifacts.writer import write_artifact
+    from neuron_port.backends import check_backend_tp, require_backend
+    from neuron_port.model.layout import describe
+    from neuron_port.model.loading import load_source, parse_dtype
+    from neuron_port.parallel.ranks import RankSetup
+    from neuron_port.graph.shapes import PortShape
+
+    check_backend_tp(args.backend, args.tp)
+    require_backend(args.backend)  # before any model is built: one line naming the Neuron packages
+    model, source = load_source(args.model, tiny=args.tiny, seed=args.seed, dtype=parse_dtype(args.dtype))
+    setup = RankSetup.for_layout(describe(model), args.tp)
+    tok_dir = args.model if Path(args.model).is_dir() else None
+    if tok_dir is not None and not (Path(tok_dir) / "tokenizer.json").is_file():
+        print(f"warning: {tok_dir} has no tokenizer.json: the artifact will generate from token ids only; serve, "
+              "--prompt and doctor need one (for a random-weight test directory, "
+              "neuron_port.model.localdir.write_tokenizer(DIR, vocab_size) writes a demo tokenizer)", file=sys.stderr)
+    manifest = write_artifact(args.out, model, source, setup, PortShape(args.buckets, args.kv_lens), args.backend,
+                              args.batch, tok_dir)
+    summary = {k: manifest[k] for k in ("backend", "tp", "buckets", "kv_lens", "batch", "dtype", "weights_fingerprint")}
+    summary["out"] = str(Path(args.out).resolve())
+    summary["files"] = len(manifest["files"])
+    if args.json:
+        print_json(summary)
+    else:
+        print(f"artifact written to {summary['out']} ({summary['files']} files, backend {args.backend}, tp {args.tp})")
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from neuron_port.artifacts.manifest import ArtifactError, verify
+    from neuron_port.checks.reference import reference_model
+    from neuron_port.generation.chat import stop_token_ids
+    from neuron_port.model.tokenizer import decode_completion
+    from neuron_port.model.loading import parse_dtype
+    from neuron_port.model.configs import load_config
+    from neuron_port.families import family_for
+    from neuron_port.checks.validation import artifact_self_checks, compare_with_reference, run_artifact
+
+    manifest = verify(args.dir, args.allow_version_mismatch)
+    if args.dtype is not None and parse_dtype(args.dtype) != parse_dtype(manifest.get("dtype", "float32")):
+        raise ArtifactError(f"--dtype {args.dtype}: the artifact {args.dir} was compiled in {manifest.get('dtype')}; "
+                            f"compile it again with --dtype {args.dtype}, or drop --dtype")
+    config = load_config(Path(args.dir) / "config.json")
+    family = family_for(config.model_type)
+    special = family.special_ids(config)
+    prompt = prompt_ids(args, args.dir, family.vocab_size(config), special.bos)
+    texts = args.prompt is not None or args.chat is not None
+    stop_on_eos = texts if args.stop_at_eos is None else args.stop_at_eos
+    stop_ids = stop_token_ids(args.dir, special.eos, args.chat is not None) if stop_on_eos else []
+    out = run_artifact(args.dir, prompt, args.max_new_tokens, stop_ids, manifest, keep_logits=args.check)
+    out["dtype"] = manifest.get("dtype")
+    if texts:
+        out["text"] = decode_completion(args.dir, out["tokens"], stop_ids)
+    if args.check:
+        reference = reference_model(manifest)
+        out = artifact_self_checks(args.dir, manifest, reference, prompt, out)
+        out = compare_with_reference(out, reference, prompt, args.max_new_tokens, stop_ids)
+    return emit_generation(out, args)
+
+
+def add(sub) -> None:
+    p = sub.add_parser("compile", help="compile the two graphs into a verified artifact directory")
+    p.add_argument("model")
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--backend", default="cpu", choices=["cpu", "neuron", "nxd"],
+                   help="cpu (TorchScript), neuron (torch-neuronx, one NeuronCore) or nxd (neuronx-distributed's "
+                        "ModelBuilder, tensor parallel), the last two on an Inferentia2 host; xla graphs are checked "
+                        "in process by 'port --backend xla', not saved")
+    p.add_argument("--out", required=True, help="artifact directory (written atomically)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--buckets", type=int_list, default=[32, 64, 128])
+    p.add_argument("--kv-lens", type=int_list, default=[256], help="KV lengths, e.g. 128,256")
+    p.add_argument("--batch", type=int, default=1, help="batch size the graphs are compiled for")
+    add_dtype_option(p, "of the graphs, weights, host embeddings and KV store")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_compile)
+
+    p = sub.add_parser("generate", help="run a compiled artifact from its directory alone (fresh process)")
+    p.add_argument("dir")
+    add_prompt_options(p, default_tokens=32)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompt")
+    eos = p.add_mutually_exclusive_group()
+    eos.add_argument("--stop-at-eos", dest="stop_at_eos", action="store_true", default=None,
+                     help="stop at the end-of-sequence ids (config, generation_config.json; with --chat the turn's "
+                          "end): the default for --prompt and --chat")
+    eos.add_argument("--ignore-eos", dest="stop_at_eos", action="store_false",
+                     help="never stop at end-of-sequence (the default for --prompt-len random prompts)")
+    p.add_argument("--dtype", default=None, choices=["fp32", "bf16"],
+                   help="the dtype the artifact must have been compiled in (an artifact keeps its own; default: any)")
+    p.add_argument("--check", action="store_true", help="compare with HF generate on the artifact's own checkpoint and run the "
+                   "self-checks an artifact allows (host embedding files, every step's logits)")
+    p.add_argument("--allow-version-mismatch", action="store_true",
+                   help="run even if the installed torch / Neuron versions differ from the artifact's")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_generate)
+
+
+__all__ = ["add"]

@@ -1,0 +1,77 @@
+"""Helpers every command shares: JSON output, integer lists, prompts from arguments, generation reports."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def int_list(text: str) -> list[int]:
+    """argparse type: ``"32,64,128"`` -> [32, 64, 128] (positive integers)."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, found {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, found {text!r}")
+    return values
+
+
+def prompt_ids(args: argparse.Namespace, source: str, vocab: int, bos: int | None) -> list[int]:
+    """``--chat MESSAGE`` through ``source``'s chat format, ``--prompt TEXT`` tokenised with its
+    tokenizer.json (special tokens as the tokenizer adds them), or ``--prompt-len`` seeded random
+    ids with ``bos`` first."""
+    from neuron_port.generation.prompts import PromptError, random_prompt, text_prompt
+
+    if getattr(args, "chat", None) is not None:
+        from neuron_port.generation.chat import chat_format_of
+
+        fmt, tok = chat_format_of(source) if Path(source).exists() else (None, None)
+        if tok is None:
+            raise PromptError(f"--chat needs a tokenizer.json in {source}; it has none")
+        return fmt.encode([{"role": "user", "content": args.chat}], tok, bos)
+    if args.prompt is not None:
+        return text_prompt(source, args.prompt)
+    return random_prompt(vocab, args.prompt_len, args.seed, bos)
+
+
+def emit_generation(out: dict[str, Any], args: argparse.Namespace) -> int:
+    """Print a generation result (JSON or key: value lines, plus SEQ_MATCH with --check); the exit code."""
+    if args.json:
+        print_json(out)
+    else:
+        for key, value in out.items():
+            print(f"{key}: {value}")
+        if args.check:
+            print(f"SEQ_MATCH {out['seq_match']}")
+    for check in out.get("self_checks", []):
+        if check["status"] == "fail":
+            print(f"error: self-check {check['name']} failed: {check['detail']}\n  fix: {check['fix']}", file=sys.stderr)
+    from neuron_port.checks.selfcheck import checked_run_passed
+
+    return 0 if (not args.check or checked_run_passed(out)) else 1
+
+
+def add_prompt_options(p: argparse.ArgumentParser, default_tokens: int) -> None:
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--prompt-len", type=int, default=24, help="random prompt of N tokens (BOS first)")
+    group.add_argument("--prompt", default=None, help="prompt text (needs tokenizer.json next to the model)")
+    group.add_argument("--chat", default=None, metavar="MESSAGE",
+                       help="one user message through the model's chat template (chat_template.jinja or "
+                            "tokenizer_config.json; else its family's format), for instruct models")
+    p.add_argument("--max-new-tokens", type=int, default=default_tokens)
+
+
+def add_dtype_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                   help=f"dtype {what}; the host softcap and sampling stay float32 (default fp32)")
+
+
+__all__ = ["print_json", "int_list", "prompt_ids", "emit_generation", "add_prompt_options", "add_dtype_option"]

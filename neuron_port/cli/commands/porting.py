@@ -1,0 +1,146 @@
+"""``port``: build the two graphs of every rank over a model and generate, optionally checked against Hugging Face."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from neuron_port.cli.commands.common import add_dtype_option, add_prompt_options, emit_generation, int_list, prompt_ids
+
+
+def _cmd_port(args: argparse.Namespace) -> int:
+    from neuron_port.generation.chat import stop_token_ids
+    from neuron_port.generation.generate import generate
+    from neuron_port.graph.kv import naive_kv_bytes
+    from neuron_port.model.layout import describe
+    from neuron_port.model.loading import model_from_name, parse_dtype
+    from neuron_port.parallel.ranks import RankSetup
+    from neuron_port.checks.reference import reference_for_source
+    from neuron_port.model.tokenizer import decode_completion
+    from neuron_port.graph.shapes import PortShape
+
+    if args.backend == "neuron":
+        from neuron_port.backends import check_backend_tp, require_backend
+
+        check_backend_tp(args.backend, args.tp)
+        require_backend(args.backend)
+    elif args.backend == "xla":
+        from neuron_port.backends.xla import require_xla
+
+        require_xla()  # before any model is built: one line saying how to install it
+    model = model_from_name(args.model, tiny=args.tiny, seed=args.seed, dtype=parse_dtype(args.dtype))
+    setup = RankSetup.for_layout(describe(model), args.tp)
+    family = setup.layout.family
+    config = family.text_config_of(model)
+    special = family.special_ids(config)
+    is_dir = Path(args.model).is_dir()
+    # A random-weight model's end-of-sequence token is noise: stop on it only for real weights.
+    stop_on_eos = is_dir if args.stop_at_eos is None else args.stop_at_eos
+    stop_ids = stop_token_ids(args.model if is_dir else None, special.eos, args.chat is not None) if stop_on_eos else []
+    prompt = prompt_ids(args, args.model, family.vocab_size(config), special.bos)
+    prompts = [prompt[: max(1, len(prompt) - 3 * row)] for row in range(args.batch)]
+    layout = setup.layout
+    shape = PortShape(args.buckets, args.kv_len)
+    lowering = None
+    if args.backend == "xla":
+        from neuron_port.backends.xla_port import xla_port
+
+        port, backend = xla_port(model, setup, shape, batch=args.batch)
+        result = generate(port, prompts, args.max_new_tokens, stop_ids=stop_ids, keep_logits=args.check)
+        lowering = backend.report()
+    else:
+        result = generate(model, prompts, args.max_new_tokens, stop_ids=stop_ids, shape=shape, setup=setup,
+                          keep_logits=args.check)
+    out: dict[str, Any] = {
+        "model": args.model, "tiny": args.tiny, "backend": args.backend, "tp": args.tp, "batch": args.batch,
+        "dtype": args.dtype,
+        "prompt_tokens": len(prompt),
+        "new_tokens": len(result.tokens[0]),
+        "tokens": result.tokens[0],
+        "finish_reason": result.finish_reasons[0],
+        "stop_ids": stop_ids,
+        "kv_cache_bytes": result.kv_cache_bytes,
+        "kv_cache_bytes_naive": naive_kv_bytes(layout, args.kv_len, args.batch, result.dtype_bytes),
+        "prefill_s": round(result.prefill_s, 6),
+        "decode_tok_per_s": result.decode_tok_per_s,
+        "host_ms_per_token": round(1e3 * result.host_s / max(1, result.decode_steps + 1), 4),
+    }
+    if args.tp > 1:
+        out["per_rank_kv_cache_bytes"] = [s.specs[args.kv_len].total_bytes(args.batch, result.dtype_bytes)
+                                          for s in shape.rank_stores(setup)]
+    if lowering is not None:
+        out["xla"] = lowering
+    if args.batch > 1:
+        out["rows"] = [{"prompt_tokens": len(p), "tokens": t} for p, t in zip(prompts, result.tokens)]
+    if is_dir and (args.prompt is not None or args.chat is not None):
+        out["text"] = decode_completion(args.model, result.tokens[0], stop_ids)
+    if args.check:
+        # The oracle: Hugging Face's own loading of a directory, float32 (never this library's loader).
+        fp32_shipped = not is_dir and args.dtype == "fp32"
+        reference = model if fp32_shipped else reference_for_source(args.model, tiny=args.tiny, seed=args.seed)
+        _check_rows(out, reference, prompts, result.tokens, args.max_new_tokens, stop_ids)
+        _self_checks(out, model, reference, setup, shape, prompts[0], result, args.logit_tolerance, args.backend,
+                     args.dtype)
+    return emit_generation(out, args)
+
+
+def _self_checks(out: dict[str, Any], model, reference, setup, shape, prompt: list[int], result, tolerance: float | None,
+                 backend: str, dtype: str) -> None:
+    """What greedy tokens cannot see: the loader (against ``reference``), host embeddings, the
+    attention function inside the graphs, and every step's logits after the softcap (row 0)."""
+    from neuron_port.checks.selfcheck import logit_tolerance_for, model_self_checks, result_fields, tokens_must_match
+
+    tolerance = logit_tolerance_for(backend, dtype) if tolerance is None else tolerance
+    checks, report = model_self_checks(model, setup, shape, prompt, result.tokens[0], result.step_logits, tolerance,
+                                       reference=reference)
+    out.update(result_fields(checks, report), tokens_must_match=tokens_must_match(backend, dtype))
+
+
+def _check_rows(out: dict[str, Any], model, prompts: list[list[int]], tokens: list[list[int]], max_new_tokens: int,
+                stop_ids: list[int]) -> None:
+    """Every row against Hugging Face generate; row 0's reference and divergence at the top level."""
+    from neuron_port.checks.validation import compare_with_reference
+
+    matches = []
+    for row, (prompt, got) in enumerate(zip(prompts, tokens)):
+        checked = compare_with_reference({"tokens": got}, model, prompt, max_new_tokens, stop_ids)
+        matches.append(checked["seq_match"])
+        if row == 0:
+            out["reference_tokens"], out["divergence"] = checked["reference_tokens"], checked["divergence"]
+        if "rows" in out:
+            out["rows"][row]["reference_tokens"] = checked["reference_tokens"]
+            out["rows"][row]["seq_match"] = checked["seq_match"]
+    out["seq_match"] = all(matches)
+
+
+def add(sub) -> None:
+    p = sub.add_parser("port", help="build the two-graph port and generate (optionally check against HF generate)")
+    p.add_argument("model", help="a shipped name or a local model directory (config.json + safetensors)")
+    p.add_argument("--tiny", action="store_true", help="random weights on the tiny variant")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (gloo ranks on this machine)")
+    p.add_argument("--backend", default="cpu", choices=["cpu", "neuron", "xla"],
+                   help="cpu: eager graphs (gloo ranks at tp > 1); xla: through torch-xla (PJRT_DEVICE=CPU, SPMD at "
+                        "tp > 1) with a lowering report; neuron: needs the Neuron SDK")
+    add_prompt_options(p, default_tokens=48)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and the random prompt")
+    p.add_argument("--buckets", type=int_list, default=[32, 64, 128], help="prompt buckets, e.g. 32,64,128")
+    p.add_argument("--kv-len", type=int, default=256, help="KV length of the store (full-attention slots)")
+    p.add_argument("--batch", type=int, default=1, help="rows decoded together (prompts of different lengths)")
+    eos = p.add_mutually_exclusive_group()
+    eos.add_argument("--stop-at-eos", dest="stop_at_eos", action="store_true", default=None,
+                     help="stop at the end-of-sequence token (default for real weights)")
+    eos.add_argument("--ignore-eos", dest="stop_at_eos", action="store_false",
+                     help="never stop at end-of-sequence (default for random weights)")
+    p.add_argument("--check", action="store_true", help="compare with Hugging Face generate (greedy) on CPU and run "
+                   "the self-checks (host embeddings, attention function, every step's logits)")
+    p.add_argument("--logit-tolerance", type=float, default=None,
+                   help="--check: largest step logit error allowed, relative to the largest reference logit "
+                        "(default: neuron_port.checks.selfcheck.logit_tolerance_for the dtype: 1e-3 for fp32, the "
+                        "measured bf16 bound for bf16)")
+    add_dtype_option(p, "of the graphs, weights and KV store")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_port)
+
+
+__all__ = ["add"]

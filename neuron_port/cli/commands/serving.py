@@ -1,0 +1,49 @@
+"""``serve``: the OpenAI-compatible HTTP server over a model name, model directory or artifact."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+from neuron_port.cli.commands.common import add_dtype_option, int_list
+from neuron_port.errors import NeuronPortError
+
+
+class MissingExtraError(NeuronPortError, ImportError):
+    """An optional extra the command needs is not installed."""
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from neuron_port.serve import build_app, load_served, serve
+    except ImportError as exc:  # pragma: no cover - the serve extra is missing
+        raise MissingExtraError(f"serving needs the 'serve' extra: pip install 'neuron-port[serve]' ({exc})") from None
+
+    load = functools.partial(load_served, args.model, tiny=args.tiny, seed=args.seed, slim=args.slim,
+                             max_batch=args.max_batch, max_queue=args.max_queue, buckets=tuple(args.buckets),
+                             kv_lens=tuple(args.kv_lens), batching=args.batching, dtype=args.dtype)
+    serve(build_app(load, api_key=args.api_key, max_body_bytes=args.max_body_bytes), host=args.host, port=args.port)
+    return 0
+
+
+def add(sub) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the 'serve' extra)")
+    p.add_argument("model", help="a shipped name, a model directory or an artifact directory")
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--slim", action="store_true", help="keep only embeddings and compiled graphs on the host")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    p.add_argument("--max-queue", type=int, default=64, help="waiting requests beyond this get 429")
+    p.add_argument("--max-batch", type=int, default=4, help="requests decoded together (the continuous engine's slots)")
+    p.add_argument("--batching", default="continuous", choices=["continuous", "static"],
+                   help="continuous: requests join free slots at every step; static: whole batches (for comparison)")
+    p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="larger request bodies get 413")
+    p.add_argument("--buckets", type=int_list, default=[32, 64, 128])
+    p.add_argument("--kv-lens", type=int_list, default=[256, 512])
+    add_dtype_option(p, "of a model's graphs, weights and KV store (an artifact keeps the dtype it was compiled in)")
+    p.set_defaults(func=_cmd_serve)
+
+
+__all__ = ["add", "MissingExtraError"]

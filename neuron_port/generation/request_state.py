@@ -1,0 +1,183 @@
+"""One request's decoding state, and one step of it: sample, release text, settle the stop.
+
+Both loops use it: the static batch of :mod:`neuron_port.generation.static_batch` and the slots of
+:mod:`neuron_port.generation.slots`. :func:`advance` takes a row's logits for one step and returns its
+new token, the text it releases (held back while it may start a stop string), the finish reason
+if the row is done, and the log-probabilities when the request asked for them (of the model's
+distribution: the softcapped logits, before penalties and temperature, as vLLM reports them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from neuron_port.generation.logits import softcap as apply_softcap
+from neuron_port.generation.sampling import SamplingParams, sample_token
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_new_tokens: int = 64
+    sampling: SamplingParams = SamplingParams()
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    on_kv_full: str = "grow"  # "grow" | "stop"
+    logprobs: int | None = None  # None: none; k: the chosen token's log-probability and the k most likely
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, found {self.max_new_tokens}")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs must be >= 0, found {self.logprobs}")
+        if self.on_kv_full not in ("grow", "stop"):
+            raise ValueError(f"on_kv_full must be 'grow' or 'stop', found {self.on_kv_full!r}")
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token of one row. ``text`` is the newly released text (may be empty)."""
+
+    row: int
+    index: int
+    token_id: int
+    text: str
+    host_ms: float
+    graph_ms: float
+    finish_reason: str | None = None
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass
+class Completion:
+    prompt_tokens: int
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+
+
+
+CONTEXT_TOKENS = 8  # prompt tokens the generated text is decoded after
+
+
+class TextState:
+    """Incremental detokenisation with stop strings (text that may start a stop string is held back).
+
+    The generated tokens are decoded after the last few prompt tokens (``context``), and the text is
+    what they add to it: a continuation keeps its leading space where a decoder would drop it."""
+
+    def __init__(self, tokenizer, stops: Sequence[str], context: Sequence[int] = ()):
+        self.tokenizer = tokenizer
+        self.stops = [s for s in stops if s]
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.released = 0
+        self.text = ""
+        self.context = list(context)[-CONTEXT_TOKENS:]
+        self.head = tokenizer.decode(self.context) if tokenizer is not None and self.context else ""
+
+    def decode(self, tokens: list[int]) -> str:
+        """What ``tokens`` add to the text of the context."""
+        if not self.context:
+            return self.tokenizer.decode(tokens)
+        both = self.tokenizer.decode(self.context + tokens)
+        return both[len(self.head):] if both.startswith(self.head) else self.tokenizer.decode(tokens)
+
+    def push(self, tokens: list[int]) -> tuple[str, bool]:
+        """Returns (newly released text, stop string hit)."""
+        if self.tokenizer is None:
+            return "", False
+        full = self.decode(tokens)
+        for stop in self.stops:
+            at = full.find(stop, max(0, self.released - len(stop)))
+            if at != -1:
+                self.text = full[:at]
+                piece = self.text[self.released:]
+                self.released = len(self.text)
+                return piece, True
+        self.text = full
+        end = max(self.released, len(full) - self.hold)
+        piece = full[self.released:end]
+        self.released = end
+        return piece, False
+
+    def flush(self) -> str:
+        piece = self.text[self.released:]
+        self.released = len(self.text)
+        return piece
+
+
+@dataclass
+class RowState:
+    """One row's decoding state: its parameters, output so far, sampler stream, text and stop state."""
+
+    params: GenerationParams
+    completion: Completion
+    sampler: torch.Generator
+    text: TextState
+    history: list[int]
+    done: bool = False
+
+
+
+def finish_reason(row: RowState, token: int, hit_stop_string: bool, position: int, kv_len: int, can_grow: bool) -> str | None:
+    p = row.params
+    if token in p.stop_token_ids or hit_stop_string:
+        return "stop"
+    if len(row.completion.tokens) >= p.max_new_tokens:
+        return "length"
+    if position >= kv_len and (p.on_kv_full == "stop" or not can_grow):
+        return "length"
+    return None
+
+
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one step of one row produced."""
+
+    token: int
+    text: str
+    finish_reason: str | None
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+def logprobs_of(logits: torch.Tensor, token: int, top: int, cap: float | None) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """The chosen token's log-probability and the ``top`` most likely (id, log-probability) pairs,
+    from raw logits [vocab] (softcapped first)."""
+    logp = torch.log_softmax(apply_softcap(logits.double(), cap), dim=-1)
+    best = torch.topk(logp, top) if top else None
+    pairs = tuple((int(i), float(v)) for v, i in zip(best.values, best.indices)) if best is not None else ()
+    return float(logp[token]), pairs
+
+
+def new_row(prompt: Sequence[int], params: GenerationParams, tokenizer=None) -> RowState:
+    """The state of a request about to decode (its sampler seeded by ``params.seed``, 0 when None)."""
+    return RowState(params, Completion(prompt_tokens=len(prompt)),
+                    torch.Generator().manual_seed(params.seed if params.seed is not None else 0),
+                    TextState(tokenizer, params.stop_strings, prompt), list(prompt))
+
+
+def advance(row: RowState, logits: torch.Tensor, position: int, kv_len: int, can_grow: bool, cap: float | None) -> Step:
+    """One step of one row from its logits [vocab]: the token, released text, finish reason, logprobs."""
+    p, c = row.params, row.completion
+    recent = row.history if p.sampling.repetition_penalty != 1.0 else ()
+    tok = sample_token(logits, p.sampling, cap, row.sampler, recent, c.tokens if p.sampling.additive else ())
+    logprob, top = logprobs_of(logits, tok, p.logprobs, cap) if p.logprobs is not None else (None, ())
+    c.tokens.append(tok)
+    row.history.append(tok)
+    piece, hit_stop_string = row.text.push(c.tokens)
+    reason = finish_reason(row, tok, hit_stop_string, position, kv_len, can_grow)
+    if reason is not None:
+        piece += row.text.flush() if not hit_stop_string else ""
+        row.done, c.finish_reason, c.text = True, reason, row.text.text
+    return Step(tok, piece, reason, logprob, top)
+
+
+__all__ = ["GenerationParams", "TokenEvent", "Completion", "TextState", "RowState", "Step", "finish_reason",
+           "logprobs_of", "new_row", "advance"]

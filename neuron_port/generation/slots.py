@@ -1,0 +1,143 @@
+"""Continuous batching on the static graphs: a fixed number of slots, requests join and leave at step boundaries.
+
+The decode graph runs on ``slots`` rows over one KV store at the port's largest KV length; each
+row is a slot with its own KV rows, position, sampler and stop state. At a step boundary,
+:meth:`SlotBatch.admit` puts waiting requests into free slots: one prefill call fills a fresh
+store with the new prompts, whose rows are copied into the running store at their slots (grown
+to its KV length first when the prefill wrote a shorter one). Compiled graphs take only their
+own batch, so there the prefill runs over ``slots`` rows with the new prompts in their slots'
+rows and every other row empty (it writes nothing there); eager graphs prefill just the new rows. The other slots only wait for that
+prefill; their KV rows are untouched. :meth:`SlotBatch.step` decodes every slot once; a finished
+request frees its slot at once, and empty slots decode as padding.
+
+A row's computation never reads another row's values and the decode graph's shapes never change,
+so a request's tokens do not depend on which other requests share the batch or when they arrived (the property
+tests check this against runs of each request alone). An error while advancing one row fails
+only that request; the others go on.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import torch
+
+from neuron_port.graph.kv import KVStore
+from neuron_port.generation.request_state import GenerationParams, RowState, TokenEvent, advance, new_row
+from neuron_port.graph.shapes import select_bucket
+from neuron_port.graph.step import run_step
+
+Outcome = tuple[Any, "TokenEvent | BaseException"]
+"""(the request's owner, its next event or the error that ended it)."""
+
+
+class SlotBatch:
+    """``slots`` requests decoding together over one port (rank 0's, or a tp 1 port)."""
+
+    def __init__(self, port, slots: int, tokenizer: Any = None, pad_id: int = 0):
+        port.check_batch(slots)
+        self.port, self.slots, self.tokenizer, self.pad_id = port, slots, tokenizer, pad_id
+        self.kv_len = port.kv_len
+        self.rows: list[RowState | None] = [None] * slots
+        self.owners: list[Any] = [None] * slots
+        self.positions = torch.zeros(slots, dtype=torch.long)
+        self.tokens = torch.full((slots,), pad_id, dtype=torch.long)
+        self.store: KVStore | None = None
+        self.mode = torch.inference_mode if port.runners.inference_mode else torch.no_grad
+
+    @property
+    def free(self) -> list[int]:
+        return [s for s, row in enumerate(self.rows) if row is None]
+
+    @property
+    def active(self) -> list[int]:
+        return [s for s, row in enumerate(self.rows) if row is not None]
+
+    def release(self, slot: int) -> Any:
+        """Free ``slot`` (its request finished, failed or was cancelled); returns its owner."""
+        owner, self.rows[slot], self.owners[slot] = self.owners[slot], None, None
+        self.tokens[slot] = self.pad_id
+        return owner
+
+    def _event(self, slot: int, step, host_ms: float, graph_ms: float) -> TokenEvent:
+        row = self.rows[slot]
+        return TokenEvent(slot, len(row.completion.tokens) - 1, step.token, step.text, host_ms, graph_ms,
+                          step.finish_reason, step.logprob, step.top_logprobs)
+
+    def _advance(self, slots: Sequence[int], logits: Sequence[torch.Tensor], host_ms: float, graph_ms: float) -> list[Outcome]:
+        """Advance each given slot from its logits [vocab] (``logits[i]`` is ``slots[i]``'s); free
+        the finished and the failed."""
+        out: list[Outcome] = []
+        for slot, row_logits in zip(slots, logits):
+            owner = self.owners[slot]
+            try:
+                step = advance(self.rows[slot], row_logits, int(self.positions[slot]), self.kv_len, False,
+                               self.port.layout.softcap)
+            except Exception as exc:  # noqa: BLE001 - this request's own failure: it alone ends
+                self.release(slot)
+                out.append((owner, exc))
+                continue
+            out.append((owner, self._event(slot, step, host_ms, graph_ms)))
+            self.tokens[slot] = step.token
+            if step.finish_reason is not None:
+                self.release(slot)
+        return out
+
+    def admit(self, entries: Sequence[tuple[Sequence[int], GenerationParams, Any]]) -> list[Outcome]:
+        """Prefill ``(prompt, params, owner)`` entries into free slots (at most as many as are free);
+        their first tokens."""
+        entries = list(entries)[: len(self.free)]
+        if not entries:
+            return []
+        with self.mode():
+            t0 = time.perf_counter()
+            slots = self.free[: len(entries)]
+            # compiled graphs: every slot's row, the new prompts at their slots; eager: the new rows only
+            rows = slots if self.port.batch is not None else list(range(len(entries)))
+            bucket = select_bucket(max(len(p) for p, _, _ in entries), self.port.buckets)
+            ids = torch.full((self.port.batch or len(entries), bucket), self.pad_id, dtype=torch.long)
+            lengths = torch.zeros(ids.shape[0], dtype=torch.long)
+            for slot, row, (prompt, params, owner) in zip(slots, rows, entries):
+                ids[row, : len(prompt)] = torch.as_tensor(list(prompt), dtype=torch.long)
+                lengths[row] = len(prompt)
+                self.rows[slot], self.owners[slot] = new_row(prompt, params, self.tokenizer), owner
+                self.positions[slot] = len(prompt)
+            inputs = self.port.inputs.prefill(ids, lengths, bucket)
+            fresh = self.port.inputs.new_store(ids.shape[0], self.port.prefill_kv[bucket])
+            host = time.perf_counter() - t0
+            g0 = time.perf_counter()
+            logits, fresh = run_step(self.port.prefill_runners[bucket], inputs, fresh)
+            graph = time.perf_counter() - g0
+            self._merge(fresh, rows, slots, lengths)
+            return self._advance(slots, [logits[r] for r in rows], 1e3 * host, 1e3 * graph)
+
+    def _merge(self, fresh: KVStore, rows: list[int], slots: list[int], lengths: torch.Tensor) -> None:
+        """Copy the prefilled ``rows`` of ``fresh`` into the running store at ``slots``."""
+        spec = self.port.specs[self.kv_len]
+        if fresh.spec.kv_len != self.kv_len:
+            fresh = fresh.grow(spec, lengths - 1)
+        if self.store is None:
+            self.store = self.port.inputs.new_store(self.slots, self.kv_len)
+        src_index, dst_index = torch.tensor(rows, dtype=torch.long), torch.tensor(slots, dtype=torch.long)
+        for dst, src in zip(self.store.tensors(), fresh.tensors()):
+            dst.index_copy_(0, dst_index.to(dst.device), src.index_select(0, src_index.to(src.device)))
+
+    def step(self) -> list[Outcome]:
+        """One decode step of every slot; the events of the active ones."""
+        active = self.active
+        if not active or self.store is None:
+            return []
+        with self.mode():
+            t0 = time.perf_counter()
+            steps = torch.clamp(self.positions, max=self.kv_len - 1)
+            inputs = self.port.inputs.decode(self.tokens, steps, self.kv_len)
+            host = time.perf_counter() - t0
+            g0 = time.perf_counter()
+            logits, self.store = run_step(self.port.decode_runners[self.kv_len], inputs, self.store)
+            graph = time.perf_counter() - g0
+            self.positions[active] += 1
+            return self._advance(active, [logits[s] for s in active], 1e3 * host, 1e3 * graph)
+
+
+__all__ = ["SlotBatch", "Outcome"]

@@ -1,0 +1,180 @@
+"""Static-shape prefill and decode graphs over the Hugging Face text forward itself.
+
+The graphs call the real ``transformers`` decoder stack of any supported family (so KV sharing,
+per-layer inputs, per-type RoPE and head sizes come for free) with three substitutions:
+
+* a static KV store (owners only; sliding owners as rings) passed in and returned as
+  explicit tensors, written by one-hot blends through Hugging Face's ``cache.update`` hook;
+* host-built masks per attention type, handed over pre-built (the family adapter says in what
+  form its text model takes them);
+* no embedding tables and no softcap: embeddings come in as activations and the graph ends
+  at raw logits of the LM head for each row's last real token.
+
+Inputs: the fields of :class:`~neuron_port.graph.step.StepInputs` in order, then the store flat (K of
+every owner, then V of every owner, each ``[batch, n_kv, slots, head_dim]``). Outputs:
+``(logits [batch, vocab], *store)``; :attr:`StaticLMGraph.aliases` maps each KV input to its
+output. :func:`build_graphs` builds one rank's set: a prefill graph per prompt bucket and a
+decode graph per KV length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+from torch import nn
+
+from neuron_port.graph import attention
+from neuron_port.families import family_of
+from neuron_port.graph.kv import KVStoreSpec, onehot_write, scatter_write_
+from neuron_port.graph.shapes import StoreShapes
+from neuron_port.graph.step import INPUT_NAMES, kv_aliases
+
+FIRST_KV_INPUT = len(INPUT_NAMES)
+"""Deprecated (kept for one release): index of the first KV input. Use :class:`~neuron_port.graph.step.StepInputs`
+and :class:`~neuron_port.graph.kv.KVStore` instead of positional indices."""
+
+
+class OneHotCache:
+    """Hugging Face cache protocol over the static store (built fresh inside each forward).
+
+    ``update`` writes a layer's new K/V into its buffer with a one-hot blend. In prefill it
+    returns the fresh prompt K/V (the prompt attends itself; a ring could not hold a prompt
+    longer than the window); in decode it returns the updated buffers.
+    """
+
+    def __init__(self, spec: KVStoreSpec, kv: tuple[torch.Tensor, ...], writes: dict[str, torch.Tensor], prefill: bool,
+                 inplace: bool = False):
+        n = len(spec.slots)
+        self.index = {slot.layer: j for j, slot in enumerate(spec.slots)}
+        self.kinds = {slot.layer: slot.attention for slot in spec.slots}
+        self.keys = list(kv[:n])
+        self.values = list(kv[n:])
+        self.writes = writes
+        self.prefill = prefill
+        self.inplace = inplace and not prefill
+        self.is_compileable = False
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        j = self.index[layer_idx]
+        write = self.writes[self.kinds[layer_idx]]
+        store = scatter_write_ if self.inplace else onehot_write
+        self.keys[j] = store(self.keys[j], key_states, write)
+        self.values[j] = store(self.values[j], value_states, write)
+        if self.prefill:
+            return key_states, value_states
+        return self.keys[j], self.values[j]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+    def outputs(self) -> list[torch.Tensor]:
+        return self.keys + self.values
+
+
+class StaticLMGraph(nn.Module):
+    """One static graph (prefill or decode) over a Hugging Face CausalLM.
+
+    The wrapped model is switched to the ``neuron_port_eager`` attention function; give the
+    graph its own model instance (the CPU reference keeps Hugging Face's eager path).
+    ``kv_expand``: layer index -> ``[local_q, local_kv]`` one-hot gather for the layers where a
+    tensor-parallel rank's query heads straddle KV groups (from its shard plan); kept as buffers
+    of the graph and handed to the attention function explicitly on every call.
+    """
+
+    def __init__(self, model: nn.Module, spec: KVStoreSpec, prefill: bool, seq: int,
+                 kv_expand: Mapping[int, torch.Tensor] | None = None):
+        super().__init__()
+        self.family = family_of(model)
+        self.family.use_attention(model, attention.register())
+        self.model = model
+        self.spec = spec
+        self.prefill = prefill
+        self.seq = seq
+        self.has_ple = self.family.per_layer_input_size(self.family.text_config_of(model)) > 0
+        # Decode KV writes in place (scatter) instead of one-hot blends: set by backends that
+        # allow it (CPU), never for Neuron graphs.
+        self.inplace_kv_writes = False
+        layers = self.family.decoder_layers(model)
+        self._expanded: list[tuple[nn.Module, str]] = []
+        for index, matrix in sorted((kv_expand or {}).items()):
+            name = f"kv_expand_{index}"
+            self.register_buffer(name, matrix.detach().clone(), persistent=False)
+            self._expanded.append((self.family.attention(layers[index]), name))
+
+    @property
+    def aliases(self) -> dict[int, int]:
+        """Input index -> output index of every KV tensor (for a device-resident store)."""
+        return kv_aliases(2 * len(self.spec.slots))
+
+    def _attention_kwargs(self) -> dict[str, dict[nn.Module, torch.Tensor]]:
+        if not self._expanded:
+            return {}
+        return {attention.KV_EXPAND: {module: getattr(self, name) for module, name in self._expanded}}
+
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,
+        per_layer: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask_full: torch.Tensor,
+        mask_sliding: torch.Tensor,
+        write_full: torch.Tensor,
+        write_sliding: torch.Tensor,
+        last_onehot: torch.Tensor,
+        *kv: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        cache = OneHotCache(self.spec, kv, {"full": write_full, "sliding": write_sliding}, self.prefill,
+                            self.inplace_kv_writes)
+        extra = self.family.text_model_extra_inputs(per_layer) if self.has_ple else {}
+        out = self.family.text_model(self.model)(
+            inputs_embeds=inputs_embeds,
+            attention_mask=self.family.attention_mask_argument({"full": mask_full, "sliding": mask_sliding}),
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=True,
+            **extra,
+            **self._attention_kwargs(),
+        )
+        hidden = out.last_hidden_state  # [batch, seq, hidden]
+        last = torch.einsum("bs,bsh->bh", last_onehot.to(hidden.dtype), hidden)
+        logits = last @ self.family.lm_head_weight(self.model).t()
+        return (logits, *cache.outputs())
+
+
+class PrefillGraph(StaticLMGraph):
+    """Prefill over a right-padded prompt bucket of ``bucket`` tokens."""
+
+    def __init__(self, model: nn.Module, spec: KVStoreSpec, bucket: int, kv_expand: Mapping[int, torch.Tensor] | None = None):
+        super().__init__(model, spec, prefill=True, seq=bucket, kv_expand=kv_expand)
+
+
+class DecodeGraph(StaticLMGraph):
+    """Decode of one token per row against the store."""
+
+    def __init__(self, model: nn.Module, spec: KVStoreSpec, kv_expand: Mapping[int, torch.Tensor] | None = None):
+        super().__init__(model, spec, prefill=False, seq=1, kv_expand=kv_expand)
+
+
+@dataclass
+class GraphSet:
+    """One rank's graphs: a prefill graph per prompt bucket, a decode graph per KV length."""
+
+    prefill: dict[int, PrefillGraph]
+    decode: dict[int, DecodeGraph]
+
+
+def build_graphs(model: nn.Module, stores: StoreShapes, kv_expand: Mapping[int, torch.Tensor] | None = None) -> GraphSet:
+    """The graphs over ``model`` (one rank's shard, or the whole model at tp 1) for ``stores``.
+
+    The graphs share ``model``, which is switched to the library's attention function: pass a
+    copy where the original must stay Hugging Face's reference.
+    """
+    prefill = {b: PrefillGraph(model, stores.specs[stores.prefill_kv[b]], b, kv_expand) for b in stores.buckets}
+    decode = {kv: DecodeGraph(model, stores.specs[kv], kv_expand) for kv in stores.kv_lens}
+    return GraphSet(prefill, decode)
+
+
+__all__ = ["INPUT_NAMES", "FIRST_KV_INPUT", "OneHotCache", "StaticLMGraph", "PrefillGraph", "DecodeGraph",
+           "GraphSet", "build_graphs"]

@@ -1,0 +1,206 @@
+"""Static KV store for KV-owner layers only, with one-hot writes and ring buffers.
+
+Only layers that own K/V allocate a buffer; KV-shared layers read their source layer's
+buffer. Full-attention owners hold ``kv_len`` slots; sliding owners hold a ring of
+``window`` slots (position ``p`` lives in slot ``p % window``). Every write is a one-hot
+blend — ``buf * (1 - hit) + onehot @ new`` — with no scatter and no data-dependent indexing,
+so the same code traces into a static device graph.
+
+Buffers are ``[batch, n_kv, slots, head_dim]``; one K and one V buffer per owner layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from neuron_port.model.layout import Layout
+
+
+@dataclass(frozen=True)
+class KVSlotSpec:
+    """The K (and V) buffer of one owner layer: ``[batch, n_kv, slots, head_dim]``."""
+
+    layer: int
+    attention: str  # "sliding" | "full"
+    n_kv: int
+    head_dim: int
+    slots: int
+    ring: bool
+
+    def shape(self, batch: int) -> tuple[int, int, int, int]:
+        return (batch, self.n_kv, self.slots, self.head_dim)
+
+    def bytes(self, batch: int, dtype_bytes: int) -> int:
+        """K plus V bytes of this layer."""
+        return 2 * batch * self.n_kv * self.slots * self.head_dim * dtype_bytes
+
+
+@dataclass(frozen=True)
+class KVStoreSpec:
+    """Shapes of the whole store. ``slots`` are in owner order (``layout.kv_owners``)."""
+
+    kv_len: int
+    window: int | None
+    slots: tuple[KVSlotSpec, ...]
+
+    @property
+    def owners(self) -> tuple[int, ...]:
+        return tuple(s.layer for s in self.slots)
+
+    def bytes_per_layer(self, batch: int = 1, dtype_bytes: int = 2) -> dict[int, int]:
+        return {s.layer: s.bytes(batch, dtype_bytes) for s in self.slots}
+
+    def total_bytes(self, batch: int = 1, dtype_bytes: int = 2) -> int:
+        return sum(self.bytes_per_layer(batch, dtype_bytes).values())
+
+    def allocate(self, batch: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+        """Zeroed buffers in graph order: K of every owner, then V of every owner."""
+        ks = [torch.zeros(s.shape(batch), dtype=dtype) for s in self.slots]
+        vs = [torch.zeros(s.shape(batch), dtype=dtype) for s in self.slots]
+        return ks + vs
+
+
+@dataclass(frozen=True)
+class KVStore:
+    """The KV tensors of one store, typed: ``keys[j]`` and ``values[j]`` belong to ``spec.slots[j]``.
+
+    Each tensor is ``[batch, n_kv, slots, head_dim]``. The graphs take and return the store flat
+    (every K, then every V): :meth:`tensors` and :meth:`from_tensors` are the only places that
+    know that order.
+    """
+
+    spec: KVStoreSpec
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+
+    @classmethod
+    def zeros(cls, spec: KVStoreSpec, batch: int, dtype: torch.dtype = torch.float32) -> "KVStore":
+        return cls.from_tensors(spec, spec.allocate(batch, dtype))
+
+    @classmethod
+    def from_tensors(cls, spec: KVStoreSpec, tensors: Sequence[torch.Tensor]) -> "KVStore":
+        """A store from its flat form (every K, then every V)."""
+        n = len(spec.slots)
+        if len(tensors) != 2 * n:
+            raise ValueError(f"a store of {n} owner layers has {2 * n} tensors, found {len(tensors)}")
+        return cls(spec, tuple(tensors[:n]), tuple(tensors[n:]))
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The flat form the graphs take and return: K of every owner, then V of every owner."""
+        return [*self.keys, *self.values]
+
+    def __iter__(self):
+        """Iterates the flat form (so ``graph(*inputs, *store)`` reads as the call it is)."""
+        return iter(self.tensors())
+
+    def grow(self, new: KVStoreSpec, last_position: torch.Tensor) -> "KVStore":
+        """This store copied into the larger ``new`` spec (see :func:`grow`)."""
+        return KVStore.from_tensors(new, grow(self.tensors(), self.spec, new, last_position))
+
+    def to(self, device: torch.device | str) -> "KVStore":
+        return KVStore(self.spec, tuple(k.to(device) for k in self.keys), tuple(v.to(device) for v in self.values))
+
+
+def kv_store_spec(
+    layout: Layout,
+    kv_len: int,
+    ring_buffers: bool = True,
+    kv_heads: dict[int, int] | None = None,
+) -> KVStoreSpec:
+    """The store of a layout for a KV length.
+
+    ``ring_buffers=False`` gives sliding owners the full ``kv_len`` (the field report's
+    design); ``kv_heads`` overrides the KV-head count per layer (a tensor-parallel rank's
+    local count).
+    """
+    window = layout.sliding_window
+    slots = []
+    for spec in layout.owner_specs():
+        ring = ring_buffers and spec.attention == "sliding" and window < kv_len
+        n_kv = kv_heads[spec.index] if kv_heads is not None else spec.n_kv
+        slots.append(
+            KVSlotSpec(
+                layer=spec.index,
+                attention=spec.attention,
+                n_kv=n_kv,
+                head_dim=spec.head_dim,
+                slots=window if ring else kv_len,
+                ring=ring,
+            )
+        )
+    return KVStoreSpec(kv_len=kv_len, window=window, slots=tuple(slots))
+
+
+def naive_kv_bytes(layout: Layout, kv_len: int, batch: int = 1, dtype_bytes: int = 2) -> int:
+    """Bytes if every layer (shared ones too) kept its own full-length K and V."""
+    return sum(2 * batch * s.n_kv * kv_len * s.head_dim * dtype_bytes for s in layout.layers)
+
+
+def onehot_write(buf: torch.Tensor, new: torch.Tensor, onehot: torch.Tensor) -> torch.Tensor:
+    """Write ``new`` into ``buf`` at the slots ``onehot`` selects.
+
+    buf:    [batch, heads, slots, head_dim]
+    new:    [batch, heads, steps, head_dim]
+    onehot: [batch, steps, slots] with at most one 1 per slot (a step may select no slot)
+    returns [batch, heads, slots, head_dim]
+    """
+    if new.shape[2] == 1:
+        # Decode: one select over the buffer (read once, written once) instead of a blend.
+        hit = onehot[:, 0, :][:, None, :, None] > 0  # [batch, 1, slots, 1]
+        return torch.where(hit, new.to(buf.dtype), buf)
+    onehot = onehot.to(buf.dtype)
+    hit = onehot.sum(dim=1)[:, None, :, None]  # [batch, 1, slots, 1]
+    written = torch.einsum("bts,bhtd->bhsd", onehot, new.to(buf.dtype))
+    return buf * (1 - hit) + written
+
+
+
+
+def scatter_write_(buf: torch.Tensor, new: torch.Tensor, onehot: torch.Tensor) -> torch.Tensor:
+    """Decode write done in place: ``buf[b, :, slot_b] = new[b, :, 0]`` for each row's one slot.
+
+    buf: [batch, heads, slots, head_dim]; new: [batch, heads, 1, head_dim]; onehot: [batch, 1,
+    slots] with exactly one 1 per row (a decode step always writes its position). Returns
+    ``buf`` itself. Only for backends that allow data-dependent in-place writes (the CPU
+    backend): the buffer is not copied every step. Neuron graphs keep :func:`onehot_write`
+    (``neuron-port lint`` flags scatter).
+    """
+    b, h, _, d = buf.shape
+    slot = onehot[:, 0, :].argmax(dim=-1)  # [batch]
+    return buf.scatter_(2, slot.view(b, 1, 1, 1).expand(b, h, 1, d), new.to(buf.dtype))
+
+
+def grow(
+    store: list[torch.Tensor], old: KVStoreSpec, new: KVStoreSpec, last_position: torch.Tensor
+) -> list[torch.Tensor]:
+    """Copy a store into a larger KV length (host side, between graph steps).
+
+    Full buffers keep their positions (zero-padded); rings stay rings; a full-length sliding
+    buffer that becomes a ring keeps the last ``window`` positions, each in slot ``p % window``.
+    ``last_position``: [batch] last position written per row (host). Returns buffers in graph
+    order, on the device the store is on (the copy runs there: an XLA store never visits the host).
+    """
+    from neuron_port.graph.masks import ring_positions
+
+    if old.owners != new.owners:
+        raise ValueError(f"stores of different owners cannot be copied: {old.owners} vs {new.owners}")
+    n = len(old.slots)
+    out = []
+    for j, buf in enumerate(store):
+        a, b = old.slots[j % n], new.slots[j % n]
+        if a.slots == b.slots:
+            out.append(buf.clone())
+        elif not b.ring:
+            pad = torch.zeros((*buf.shape[:2], b.slots - a.slots, buf.shape[3]), dtype=buf.dtype, device=buf.device)
+            out.append(torch.cat([buf, pad], dim=2))
+        else:
+            held = ring_positions(last_position.cpu(), b.slots)  # [batch, window]
+            pick = (held[:, :, None] == torch.arange(a.slots)[None, None, :]).to(buf.dtype)
+            out.append(torch.einsum("bws,bhsd->bhwd", pick.to(buf.device), buf))
+    return out
+
+
+__all__ = ["KVSlotSpec", "KVStoreSpec", "KVStore", "kv_store_spec", "naive_kv_bytes", "onehot_write", "scatter_write_", "grow"]

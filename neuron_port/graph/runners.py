@@ -1,0 +1,113 @@
+"""What runs a rank's steps: its graphs as they are, or compiled by a backend, saved and loaded.
+
+:func:`compile_graphs` is the one compile loop. ``Port.compile``, artifacts (through
+``Port.compile`` in every rank) and the server's slim mode all go through it, so the KV
+write mode, the example inputs and the aliases a backend sees cannot differ between them.
+:func:`save_runners` and :func:`load_runners` write and read a rank's compiled graphs with
+the same names and the same recorded facts (batch, in-place KV writes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from tqdm import tqdm
+
+from neuron_port.graph.graphs import GraphSet
+from neuron_port.graph.kv import KVStore
+from neuron_port.graph.step import Runnable, StepInputs
+
+Examples = Callable[[str, int, int], tuple[StepInputs, KVStore]]
+"""(kind "prefill" | "decode", size, batch) -> example inputs and store for tracing."""
+
+
+@dataclass
+class Runners:
+    """Callables for every step of one rank, keyed by prompt bucket and by KV length.
+
+    ``batch``: the rows they take (None: any, as eager graphs do). ``inplace_kv_writes``: the
+    decode runners write the new K/V into the store they are given (CPU TorchScript) instead of
+    returning blended copies (eager and device graphs). ``compiled``: a backend made them (they
+    no longer need the graphs or the model). ``inference_mode``: they may run under
+    ``torch.inference_mode`` (XLA's lazy tensors cannot: they run under ``no_grad``).
+    """
+
+    prefill: dict[int, Runnable]
+    decode: dict[int, Runnable]
+    batch: int | None = None
+    inplace_kv_writes: bool = False
+    compiled: bool = False
+    inference_mode: bool = True
+
+    def facts(self) -> dict[str, Any]:
+        """What an artifact's manifest records about them besides its batch."""
+        return {"inplace_kv_writes": self.inplace_kv_writes}
+
+
+def eager_runners(graphs: GraphSet) -> Runners:
+    """The graphs themselves, run eagerly (any batch, one-hot KV writes)."""
+    return Runners(dict(graphs.prefill), dict(graphs.decode))
+
+
+def compile_graphs(graphs: GraphSet, backend: Any, examples: Examples, batch: int = 1, desc: str = "compiling") -> Runners:
+    """Compile every graph with ``backend.compile(graph, example inputs, aliases)``.
+
+    Decode graphs write K/V in place when the backend says it allows that
+    (``backend.inplace_kv_writes``). Graphs compiled by a static-shape backend
+    (``backend.static_batch``, true unless the backend says otherwise) take exactly ``batch``
+    rows from then on.
+    """
+    inplace = bool(getattr(backend, "inplace_kv_writes", False))
+    jobs = [("prefill", b, g) for b, g in graphs.prefill.items()] + [("decode", kv, g) for kv, g in graphs.decode.items()]
+    out: dict[str, dict[int, Runnable]] = {"prefill": {}, "decode": {}}
+    for kind, size, graph in tqdm(jobs, desc=desc, unit="graph", leave=False, disable=len(jobs) < 2):
+        graph.inplace_kv_writes = inplace and kind == "decode"
+        inputs, store = examples(kind, size, batch)
+        out[kind][size] = backend.compile(graph, [*inputs, *store.tensors()], graph.aliases)
+    static = getattr(backend, "static_batch", True)
+    return Runners(out["prefill"], out["decode"], batch if static else None, inplace, compiled=True,
+                   inference_mode=bool(getattr(backend, "inference_mode", True)))
+
+
+def runner_file(kind: str, size: int) -> str:
+    """File name of a compiled graph inside a rank's directory."""
+    return f"{kind}_{size}.pt"
+
+
+def save_runners(runners: Runners, backend: Any, rank_dir: Path,
+                 named_tensors: Mapping[str, torch.Tensor] | None = None) -> list[Path]:
+    """Save every compiled runner into ``rank_dir``; returns the files written.
+
+    A backend with ``save_graphs`` (the CPU one) writes the rank's weights once for all its
+    graphs; ``named_tensors`` ({name: tensor}, the rank's state and ``host:`` tables) names them."""
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    files = {runner_file(kind, size): runner for kind, table in (("prefill", runners.prefill), ("decode", runners.decode))
+             for size, runner in table.items()}
+    if hasattr(backend, "save_graphs"):
+        return backend.save_graphs(files, rank_dir, dict(named_tensors or {}))
+    paths = []
+    for file, runner in files.items():
+        backend.save(runner, rank_dir / file)
+        paths.append(rank_dir / file)
+    return paths
+
+
+def load_runners(backend: Any, rank_dir: Path, buckets: list[int], kv_lens: list[int], batch: int,
+                 facts: dict[str, Any], host: Mapping[str, torch.Tensor] | None = None) -> Runners:
+    """The runners :func:`save_runners` wrote, compiled for ``batch`` rows, with the facts the
+    manifest recorded; ``host``: the host tables a graph may read (``host:`` tensors)."""
+    files = [runner_file("prefill", b) for b in buckets] + [runner_file("decode", kv) for kv in kv_lens]
+    if hasattr(backend, "load_graphs"):
+        loaded = backend.load_graphs(rank_dir, files, dict(host or {}))
+    else:
+        loaded = {file: backend.load(rank_dir / file) for file in files}
+    prefill = {b: loaded[runner_file("prefill", b)] for b in buckets}
+    decode = {kv: loaded[runner_file("decode", kv)] for kv in kv_lens}
+    return Runners(prefill, decode, int(batch), bool(facts.get("inplace_kv_writes", False)), compiled=True)
+
+
+__all__ = ["Runners", "Examples", "eager_runners", "compile_graphs", "runner_file", "save_runners", "load_runners"]

@@ -1,0 +1,61 @@
+"""The typed values one graph step takes and returns.
+
+A prefill or decode graph is called as ``graph(*inputs, *store.tensors())`` and returns
+``(logits, *new_store)``. Everything outside the call site works with the named fields of
+:class:`StepInputs` and with a :class:`~neuron_port.graph.kv.KVStore`; :func:`run_step` is the one
+place that flattens them into that call and reads the answer back.
+
+Shapes (``seq`` is the prompt bucket for prefill and 1 for decode)::
+
+    inputs_embeds   [batch, seq, hidden]
+    per_layer       [batch, seq, layers, per_layer]   (per_layer = 0 without per-layer inputs)
+    position_ids    [batch, seq]
+    mask_full       [batch, 1, seq, kv_len or seq]
+    mask_sliding    [batch, 1, seq, ring or seq]
+    write_full      [batch, seq, kv_len]
+    write_sliding   [batch, seq, ring or kv_len]
+    last_onehot     [batch, seq]
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Sequence
+
+import torch
+
+from neuron_port.graph.kv import KVStore
+
+Runnable = Callable[..., Sequence[torch.Tensor]]
+
+
+class StepInputs(NamedTuple):
+    """The host-built, non-KV inputs of one graph step, in the graphs' argument order."""
+
+    inputs_embeds: torch.Tensor
+    per_layer: torch.Tensor
+    position_ids: torch.Tensor
+    mask_full: torch.Tensor
+    mask_sliding: torch.Tensor
+    write_full: torch.Tensor
+    write_sliding: torch.Tensor
+    last_onehot: torch.Tensor
+
+
+INPUT_NAMES: tuple[str, ...] = StepInputs._fields
+"""Names of the graphs' non-KV inputs, in argument order."""
+
+
+def kv_aliases(n_tensors: int) -> dict[int, int]:
+    """Input index -> output index of every KV tensor of a graph whose store has ``n_tensors``
+    tensors: the map a device backend uses to keep the store resident between calls."""
+    first = len(INPUT_NAMES)
+    return {first + j: 1 + j for j in range(n_tensors)}
+
+
+def run_step(runner: Runnable, inputs: StepInputs, store: KVStore) -> tuple[torch.Tensor, KVStore]:
+    """Call a graph (eager or compiled) on one step: returns (logits [batch, vocab], new store)."""
+    out = runner(*inputs, *store.tensors())
+    return out[0], KVStore.from_tensors(store.spec, out[1:])
+
+
+__all__ = ["StepInputs", "INPUT_NAMES", "kv_aliases", "run_step", "Runnable"]

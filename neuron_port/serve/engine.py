@@ -1,0 +1,242 @@
+"""The server's engines: a worker thread per model that runs submitted requests, and a bounded queue.
+
+* :class:`Engine` — continuous batching (:mod:`neuron_port.generation.slots`): a fixed number of slots;
+  at every step boundary waiting requests fill the free slots (prefilled in their own rows) while
+  the others keep decoding, and a finished request frees its slot at once. The default.
+* :class:`StaticEngine` — static batching: the worker takes the first waiting request plus every
+  other one already waiting (up to the batch) and decodes them together until all are done;
+  later arrivals wait for the next batch. Kept for comparison (``serve --batching static``,
+  ``benchmarks/serve_load.py``).
+
+Both: beyond ``max_queue`` waiting requests :meth:`submit` raises :class:`QueueFull` (the server's
+429); :meth:`submit_all` queues several (a request's ``n`` choices) all or none. A cancelled
+request (its client went away) stops at the next step. Events reach the submitter through its
+callback, on the worker thread: a :class:`TokenEvent` per token, then exactly one final event —
+``None`` when it is done, or the exception that ended it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from neuron_port.generation.slots import SlotBatch
+from neuron_port.errors import NeuronPortError
+from neuron_port.generation.static_batch import GenerationParams, Generator, TokenEvent
+
+
+class QueueFull(NeuronPortError, RuntimeError):
+    pass
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    params: GenerationParams
+    on_event: Callable[[TokenEvent | BaseException | None], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    created: float = field(default_factory=time.monotonic)
+    finished: bool = False  # its final event (None or an exception) was delivered
+
+    def tell(self, event: TokenEvent | BaseException | None) -> None:
+        """Deliver an event; a final one (None or an exception) only once. A callback that fails
+        (its client's loop is gone) is the client's problem, never the engine's."""
+        if self.finished:
+            return
+        self.finished = event is None or isinstance(event, BaseException)
+        try:
+            self.on_event(event)
+        except Exception:  # noqa: BLE001 - see above
+            self.cancelled.set()
+
+
+class _Worker:
+    """The queue, the worker thread and its lifecycle; subclasses say what one round of work is.
+
+    A round that raises past its own handling stops the engine: every request it holds or that
+    waits hears the error, later submissions are refused with it, and ``error`` says why (the
+    server's health reports it)."""
+
+    def __init__(self, max_queue: int):
+        self.max_queue = max_queue
+        self.waiting: deque[Request] = deque()
+        self.running = 0
+        self.error: str | None = None
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="neuron-port-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def idle(self) -> bool:
+        with self._cv:
+            return not self.waiting and not self.running
+
+    def submit(self, request: Request) -> None:
+        self.submit_all([request])
+
+    def submit_all(self, requests: list[Request]) -> None:
+        """Queue all of them or none (QueueFull when they do not all fit)."""
+        with self._cv:
+            if self.error is not None:
+                raise NeuronPortError(f"the engine stopped: {self.error}")
+            if len(self.waiting) + len(requests) > self.max_queue:
+                raise QueueFull(f"queue is full ({self.max_queue} requests waiting); retry later")
+            self.waiting.extend(requests)
+            self._cv.notify()
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(timeout=60)
+
+    def _take(self, limit: int, block: bool) -> list[Request]:
+        """Up to ``limit`` waiting requests (the cancelled ones are dropped); waits for one when ``block``."""
+        with self._cv:
+            while block and not self.waiting and not self._stop:
+                self._cv.wait()
+            taken = []
+            while self.waiting and len(taken) < limit:
+                req = self.waiting.popleft()
+                if req.cancelled.is_set():
+                    req.tell(None)
+                    continue
+                taken.append(req)
+            self.running = max(self.running, len(taken))
+            return taken
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop:
+                self._round()
+        except BaseException as exc:  # noqa: BLE001 - the engine cannot go on: everyone hears why
+            with self._cv:
+                self.error = f"{type(exc).__name__}: {exc}"
+                left = list(self.waiting)
+                self.waiting.clear()
+            for req in left + self._held():
+                req.tell(exc)
+        finally:
+            self.running = 0
+            self._shutdown()
+
+    def _held(self) -> list[Request]:
+        """Requests the engine is decoding (failed together when it stops)."""
+        return []
+
+    def _shutdown(self) -> None:
+        """Whatever must happen on the engine thread when it ends."""
+
+    def _round(self) -> None:
+        raise NotImplementedError
+
+
+class Engine(_Worker):
+    """Continuous batching over ``slots`` slots of one port (compiled graphs: their batch).
+
+    ``lockstep``: a tensor-parallel artifact's follower ranks (:class:`~neuron_port.serve.lockstep.Lockstep`),
+    told each round before this rank (rank 0) runs it. Under lockstep any failure of a round is
+    fatal (the ranks would no longer hold the same state); without it a failed prefill fails the
+    requests it was admitting and a failed decode step the requests decoding."""
+
+    def __init__(self, port, tokenizer: Any = None, slots: int = 4, max_queue: int = 64, pad_id: int = 0,
+                 lockstep: Any = None):
+        self.batch = SlotBatch(port, port.batch or slots, tokenizer, pad_id)
+        self.max_batch = self.batch.slots
+        self.lockstep = lockstep
+        self._new: list[Request] = []  # taken this round, maybe not yet in a slot
+        super().__init__(max_queue)
+
+    def _held(self) -> list[Request]:
+        active = [self.batch.release(slot) for slot in self.batch.active]
+        return active + [r for r in self._new if all(r is not a for a in active)]
+
+    def _shutdown(self) -> None:
+        if self.lockstep is not None:
+            self.lockstep.close()  # from this thread: no round can be running beside it
+
+    @staticmethod
+    def _dispatch(outcomes) -> None:
+        for req, event in outcomes:
+            req.tell(event)
+            if isinstance(event, TokenEvent) and event.finish_reason is not None:
+                req.tell(None)
+
+    def _round(self) -> None:
+        batch = self.batch
+        new = self._new = self._take(len(batch.free), block=not batch.active)
+        released = [slot for slot in batch.active if batch.owners[slot].cancelled.is_set()]
+        for slot in released:
+            batch.release(slot).tell(None)
+        if self.lockstep is not None:
+            if new or released or batch.active:
+                self.lockstep.round(released, [(r.prompt, r.params) for r in new])
+                self._dispatch(batch.admit([(r.prompt, r.params, r) for r in new]))
+                self._dispatch(batch.step())
+        else:
+            self._isolated_round(new)
+        self._new = []
+        self.running = len(batch.active)
+
+    def _isolated_round(self, new: list[Request]) -> None:
+        batch = self.batch
+        try:
+            self._dispatch(batch.admit([(r.prompt, r.params, r) for r in new]))
+        except Exception as exc:  # noqa: BLE001 - the prefill failed: the requests it admitted hear why
+            for slot in [s for s in batch.active if any(batch.owners[s] is r for r in new)]:
+                batch.release(slot)
+            for req in new:
+                req.tell(exc)
+        try:
+            self._dispatch(batch.step())
+        except Exception as exc:  # noqa: BLE001 - the decode step failed: every request in it hears why
+            for req in [batch.release(slot) for slot in batch.active]:
+                req.tell(exc)
+            batch.store = None
+
+
+class StaticEngine(_Worker):
+    """Static batching: ``fixed_batch`` pads every batch to the size compiled graphs expect."""
+
+    def __init__(self, generator: Generator, max_batch: int = 4, max_queue: int = 64, fixed_batch: int | None = None,
+                 pad_prompt: tuple[int, ...] = (2,)):
+        self.generator = generator
+        self.max_batch = fixed_batch or max_batch
+        self.fixed_batch = fixed_batch
+        self.pad_prompt = list(pad_prompt)
+        super().__init__(max_queue)
+
+    def _round(self) -> None:
+        batch = self._take(self.max_batch, block=True)
+        if not batch:
+            return
+        self.running = len(batch)
+        prompts = [r.prompt for r in batch]
+        params = [r.params for r in batch]
+        if self.fixed_batch:
+            pad = self.fixed_batch - len(batch)
+            prompts += [self.pad_prompt] * pad
+            params += [GenerationParams(max_new_tokens=1)] * pad
+        try:
+            for event in self.generator.stream_batch(prompts, params,
+                                                     cancelled=lambda row: row < len(batch) and batch[row].cancelled.is_set()):
+                if event.row < len(batch):
+                    batch[event.row].tell(event)
+            for req in batch:
+                req.tell(None)
+        except Exception as exc:  # noqa: BLE001 - every client of the batch must hear about it
+            for req in batch:
+                req.tell(exc)
+        finally:
+            self.running = 0
+
+
+__all__ = ["Engine", "StaticEngine", "Request", "QueueFull"]
