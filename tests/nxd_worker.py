@@ -8,8 +8,9 @@ Spawned by :mod:`tests.test_nxd_source` (``tp`` processes). Each rank:
 2. builds the tiny model with other random weights (seed 1), swaps its projections for NxD's
    ColumnParallelLinear / RowParallelLinear with :func:`neuron_port.backends.nxd.parallelize_for_nxd`;
 3. shards the seed-0 checkpoint with :func:`neuron_port.backends.nxd.nxd_checkpoint` (K/V rows
-   expanded by the shard plan, buffers included) and NxD's own ``get_sharded_checkpoint``, and
-   loads this rank's shard strictly (the tied head is the embedding's tensor);
+   expanded by the shard plan, buffers included, no host tables) and NxD's own
+   ``get_sharded_checkpoint``, and loads this rank's shard strictly, with the host's tables beside
+   it (this check runs the whole Hugging Face forward, embeddings included);
 4. runs the Hugging Face forward of the parallel model and compares every position's logits with
    Hugging Face's own seed-0 model (:func:`neuron_port.checks.reference.reference_for_source`).
 
@@ -45,7 +46,7 @@ def _run(rank: int, tp: int, name: str, port: int, expand_kv: bool, resident: bo
         from neuronx_distributed.parallel_layers.layers import ColumnParallelLinear, RowParallelLinear
         from neuronx_distributed.trace.trace import get_sharded_checkpoint
 
-        from neuron_port.backends.nxd import nxd_checkpoint, parallelize_for_nxd
+        from neuron_port.backends.nxd import host_table_keys, nxd_checkpoint, parallelize_for_nxd
         from neuron_port.model.layout import describe
         from neuron_port.model.loading import checkpoint_state, model_from_name
         from neuron_port.parallel.ranks import RankSetup
@@ -59,7 +60,11 @@ def _run(rank: int, tp: int, name: str, port: int, expand_kv: bool, resident: bo
         checkpoint = nxd_checkpoint(source, setup) if expand_kv else checkpoint_state(source)
         model = parallelize_for_nxd(model_from_name(name, tiny=True, seed=1), setup)
         get_sharded_checkpoint(checkpoint, model, rank, tp)
-        missing, unexpected = model.load_state_dict(checkpoint, strict=False)
+        # this check runs Hugging Face's whole forward, embeddings included: the host's tables (which
+        # no device shard holds) are loaded beside the shard
+        tables = set(host_table_keys(source))
+        host = {k: v for k, v in checkpoint_state(source).items() if k in tables}
+        missing, unexpected = model.load_state_dict({**checkpoint, **host}, strict=False)
         family = setup.layout.family
         tied = {family.lm_head_key()} if family.tied_embeddings(family.text_config_of(model)) else set()
         if set(missing) - tied or unexpected:  # strict, but for the tied head (the embedding's tensor)

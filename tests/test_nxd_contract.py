@@ -8,6 +8,7 @@ Documented behaviour the stand-in enforces, as the real code does it:
   keys that must be that module's own tensors;
 * ``shard_checkpoint`` keeps only checkpoint keys the traced module's ``state_dict`` has
   (``preprocess_checkpoint``) and casts each to the module parameter's dtype (``cast_weights``);
+  the library hands it exactly those keys (a test says so), so nothing depends on the drop;
 * ``NxDModel.initialize(checkpoint: List[Dict[str, Tensor]], start_rank_tensor)``.
 """
 
@@ -87,20 +88,19 @@ def _resident(graph, spec, dtype):
 
 def test_builder_traces_the_module_it_built_with_its_own_aliases(fake_nxd, tmp_path):
     model, setup, stores, spec, _ = _pieces()
-    graphs = {"prefill_16": (lambda: _resident(PrefillGraph(model, spec, 16), spec, torch.float32), [torch.zeros(1, 16)]),
-              "decode_64": (lambda: _resident(DecodeGraph(model, spec), spec, torch.float32), [torch.zeros(1, 1)])}
-    nxd.build(graphs, lambda: nxd.traced_checkpoint(model, setup), 1, tmp_path)
+    graphs = {"prefill_16": (lambda: _resident(PrefillGraph(nxd.device_copy(model), spec, 16), spec, torch.float32),
+                             [torch.zeros(1, 16)]),
+              "decode_64": (lambda: _resident(DecodeGraph(nxd.device_copy(model), spec), spec, torch.float32),
+                            [torch.zeros(1, 1)])}
+    checkpoint = nxd.traced_checkpoint(model, setup)
+    nxd.build(graphs, lambda: checkpoint, 1, tmp_path)
     builder = RecordingModelBuilder.last
     assert set(builder.traced) == {"prefill_16", "decode_64"}
-    # every weight of the traced module is in the checkpoint ModelBuilder keeps (KV is state, not
-    # weights), a tied one under one of the names it goes by
+    # the checkpoint is exactly the traced module's tensors (KV is state, not weights): ModelBuilder
+    # keeps all of it, and every tensor goes by one name (no tied head to guess a name for)
     for module in builder.traced.values():
-        names_of: dict[int, set[str]] = {}
-        for name, tensor in module.named_parameters(remove_duplicate=False):
-            if not name.startswith("kv."):
-                names_of.setdefault(id(tensor), set()).add(name)
-        missing = [sorted(names) for names in names_of.values() if not names & set(builder.kept)]
-        assert names_of and not missing, missing[:5]
+        names = [n for n, _ in module.state_dict(keep_vars=True).items() if not n.startswith("kv.")]
+        assert sorted(names) == sorted(builder.kept) == sorted(checkpoint)
 
 
 def test_plain_base_model_instance_aliases_another_modules_tensors(fake_nxd):
@@ -134,11 +134,11 @@ def test_graphs_the_executor_could_not_tell_apart_are_refused(fake_nxd, tmp_path
 def test_bf16_needs_a_bf16_module(fake_nxd, tmp_path):
     """cast_weights casts the checkpoint to the module's dtype: a float32 module undoes a bf16 checkpoint."""
     model, setup, stores, spec, _ = _pieces()
-    graphs = {"decode_64": (lambda: _resident(DecodeGraph(model, spec), spec, torch.float32), [])}
+    graphs = {"decode_64": (lambda: _resident(DecodeGraph(nxd.device_copy(model), spec), spec, torch.float32), [])}
     nxd.build(graphs, lambda: nxd.traced_checkpoint(model, setup, torch.bfloat16), 1, tmp_path)
     assert {v.dtype for v in RecordingModelBuilder.last.kept.values() if v.is_floating_point()} == {torch.float32}
     bf16, setup16, _, spec16, _ = _pieces(torch.bfloat16)
-    graphs = {"decode_64": (lambda: _resident(DecodeGraph(bf16, spec16), spec16, torch.bfloat16), [])}
+    graphs = {"decode_64": (lambda: _resident(DecodeGraph(nxd.device_copy(bf16), spec16), spec16, torch.bfloat16), [])}
     nxd.build(graphs, lambda: nxd.traced_checkpoint(bf16, setup16, torch.bfloat16), 1, tmp_path)
     kept = RecordingModelBuilder.last.kept
     assert any(v.dtype == torch.bfloat16 for v in kept.values())
@@ -178,12 +178,30 @@ def test_load_initializes_with_every_ranks_shard(monkeypatch, tmp_path):
     assert seen["ranks"] == [0.0, 1.0] and seen["start"].dtype == torch.int32 and int(seen["start"]) == 0
 
 
-def test_a_tied_head_is_given_once_under_the_name_nxd_keeps():
-    """safetensors refuses two names sharing memory; NxD's duplicate removal keeps the sorted-first name."""
+def test_the_device_checkpoint_holds_device_tensors_only():
+    """No host table (the word embedding, Gemma-4's per-layer table) in what NxD loads onto every
+    core; the tied head given under its own name, as NxD Inference unties it; no tensor twice
+    (safetensors refuses shared memory)."""
     model, setup, *_ = _pieces()
     checkpoint = nxd.traced_checkpoint(model, setup)
-    tied = sorted(nxd.TRACED_PREFIX + n for n in ("lm_head.weight", "model.embed_tokens.weight"))
-    present = [n for n in tied if n in checkpoint]
-    assert present == [tied[0]], present
+    assert not [k for k in checkpoint if "embed_tokens" in k]
+    assert nxd.host_table_keys(model) == ["model.embed_tokens.weight", "model.embed_tokens_per_layer.weight"]
+    head = checkpoint[nxd.TRACED_PREFIX + "lm_head.weight"]
+    assert torch.equal(head, model.model.embed_tokens.weight)
     pointers = [t.data_ptr() for t in checkpoint.values()]
     assert len(pointers) == len(set(pointers))
+
+
+def test_the_device_copy_drops_host_tables_unties_the_head_and_shares_the_rest():
+    model, *_ = _pieces()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    device = nxd.device_copy(model)
+    assert device.model.embed_tokens is None and device.model.embed_tokens_per_layer is None
+    assert device.lm_head.weight is not model.lm_head.weight
+    assert device.lm_head.weight.data_ptr() == model.lm_head.weight.data_ptr()  # the same memory, no copy
+    norm = device.model.layers[0].input_layernorm.weight
+    assert norm.data_ptr() == model.model.layers[0].input_layernorm.weight.data_ptr()
+    assert device.model.layers[0].self_attn.q_proj.weight.is_meta  # replaced by NxD's layers: never copied
+    # the original is untouched: tables, tied head, values
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

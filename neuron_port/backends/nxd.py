@@ -31,6 +31,7 @@ them. :mod:`neuron_port.backends.nxd_artifact` writes and loads whole artifacts 
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 from pathlib import Path
@@ -43,20 +44,40 @@ from torch import nn
 from neuron_port.backends.sdk import require_backend
 from neuron_port.model.buffers import persistent_buffers
 from neuron_port.errors import ShardingError
+from neuron_port.families import family_of
 from neuron_port.model.loading import checkpoint_state
 from neuron_port.parallel.launch import CHILD_ENV, is_tp_child
 from neuron_port.parallel.ranks import Rank, RankSetup, run_ranks
 from neuron_port.parallel.sharding import expanded_kv_rows
 
 
+def host_table_keys(model: nn.Module) -> list[str]:
+    """Checkpoint keys of the tables the host gathers from (the word embedding, Gemma-4's per-layer
+    embedding): the graphs take their rows as inputs, so no device shard holds them."""
+    family = family_of(model)
+    return [k for k in (family.word_embedding_key(), family.per_layer_embedding_key()) if k is not None]
+
+
+def _lm_head(model: nn.Module) -> nn.Linear:
+    head = getattr(model, "lm_head", None)
+    if getattr(head, "weight", None) is None:
+        raise ShardingError(f"{type(model).__name__} has no lm_head module with a weight; the nxd backend gives the "
+                            "device its own head (untied from the host's word table) in that module")
+    return head
+
+
 def nxd_checkpoint(model: nn.Module, setup: RankSetup, layer_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """The full checkpoint NxD's sharding splits: K/V rows expanded by the setup's plan, buffers
-    included, optionally cast to the layer dtype (bf16 halves the neff)."""
+    """The full checkpoint NxD's sharding splits: device tensors only (no host table), the LM head
+    under its own name even when the model ties it to the word table, K/V rows expanded by the
+    setup's plan, buffers included, optionally cast to the layer dtype (bf16 halves the neff)."""
     layout, plan = setup.layout, setup.plan
+    family = layout.family
     state = checkpoint_state(model)
     for name, buf in persistent_buffers(model).items():
         state[name] = buf.detach().clone()  # NxD loads parameters only: carry the buffers explicitly
-    family = layout.family
+    state[family.lm_head_key()] = _lm_head(model).weight.detach().clone()
+    tables = tuple(key.rpartition(".")[0] + "." for key in host_table_keys(model))
+    state = {k: v for k, v in state.items() if not k.startswith(tables)}  # weights and any buffer of theirs
     for spec, layer in zip(layout.layers, family.decoder_layers(model)):
         proj = family.attention_projections(family.attention(layer))
         for role in ("k", "v"):
@@ -66,6 +87,43 @@ def nxd_checkpoint(model: nn.Module, setup: RankSetup, layer_dtype: torch.dtype 
     if layer_dtype is not None:
         state = {k: (v.to(layer_dtype) if v.is_floating_point() else v) for k, v in state.items()}
     return state
+
+
+def _module_paths(model: nn.Module) -> dict[int, str]:
+    return {id(module): name for name, module in model.named_modules() if name}
+
+
+def device_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` as a device graph holds it, sharing the original's tensors: the host
+    tables removed (their modules set to None), the LM head a parameter of its own (the same memory
+    as the tied word table, which the device no longer has), and the projections that
+    :func:`parallelize_for_nxd` replaces left on the meta device (they are never copied). Every
+    other parameter and buffer is the original's memory, so tracing many graphs keeps one host
+    copy of the weights."""
+    family = family_of(model)
+    memo: dict[int, object] = {}
+    for tensor in model.buffers():
+        memo[id(tensor)] = tensor
+    for param in model.parameters():
+        memo[id(param)] = nn.Parameter(param.detach(), requires_grad=False)
+    replaced = [family.word_embedding(model), family.per_layer_embedding(model)]
+    for index, layer in enumerate(family.decoder_layers(model)):
+        attn, mlp = family.layer_projections(layer, index)
+        replaced += [m for m in (*attn.values(), *mlp.values()) if m is not None]
+    for module in replaced:
+        if isinstance(module, nn.Module):
+            for param in module.parameters(recurse=False):
+                memo[id(param)] = nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=False)
+    head = _lm_head(model).weight
+    memo[id(head)] = nn.Parameter(head.detach(), requires_grad=False)
+    copy_ = copy.deepcopy(model, memo)
+    _lm_head(copy_).weight = nn.Parameter(head.detach(), requires_grad=False)  # its own, untied
+    paths = _module_paths(copy_)
+    for table in (family.word_embedding(copy_), family.per_layer_embedding(copy_)):
+        if table is not None:
+            parent, _, leaf = paths[id(table)].rpartition(".")
+            setattr(copy_.get_submodule(parent) if parent else copy_, leaf, None)
+    return copy_
 
 
 def parallelize_for_nxd(model: nn.Module, setup: RankSetup, dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -161,22 +219,10 @@ then ``model`` (the CausalLM it runs)."""
 def traced_checkpoint(model: nn.Module, setup: RankSetup, layer_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """:func:`nxd_checkpoint` keyed as the traced wrapper names its weights (``graph.model.<key>``):
     ModelBuilder shards a checkpoint by the traced module's parameter names and silently keeps
-    none of a checkpoint keyed by the checkpoint's own names. A tensor the module holds under
-    several names (a tied head) is given once, under the first of them in sorted order: the name
-    NxD's own duplicate removal keeps (``safetensors_utils.check_for_duplicate_tensors``), which
-    safetensors needs (it refuses shared tensors) and NxD's shared-tensor test runs."""
-    state = nxd_checkpoint(model, setup, layer_dtype)
-    names_of: dict[int, list[str]] = {}
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        names_of.setdefault(id(tensor), []).append(name)
-    for names in names_of.values():
-        held = [n for n in names if n in state]
-        if held:
-            tensor = state[held[0]]
-            for name in held:
-                del state[name]
-            state[sorted(names)[0]] = tensor
-    return {TRACED_PREFIX + k: v for k, v in state.items()}
+    none of a checkpoint keyed by the checkpoint's own names. The traced module (built on
+    :func:`device_copy`) has no host table and its own head, so every name here is one of its
+    tensors and no tensor goes by two names."""
+    return {TRACED_PREFIX + k: v for k, v in nxd_checkpoint(model, setup, layer_dtype).items()}
 
 
 def graph_instance(make_resident: Callable[[], KVResident]) -> Any:
@@ -279,6 +325,6 @@ def load(artifact_dir: Path, tp: int, start_rank: int = 0) -> Any:
     return model
 
 
-__all__ = ["expanded_kv_rows", "nxd_checkpoint", "traced_checkpoint", "parallelize_for_nxd", "rank_checkpoints",
+__all__ = ["expanded_kv_rows", "host_table_keys", "device_copy", "nxd_checkpoint", "traced_checkpoint", "parallelize_for_nxd", "rank_checkpoints",
            "save_rank_checkpoints", "KVResident", "alias_map", "graph_instance", "ResidentKVRunner", "build", "load",
            "TRACED_PREFIX"]

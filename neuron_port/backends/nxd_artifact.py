@@ -16,7 +16,6 @@ device). The compiler's work directory is kept outside the artifact.
 
 from __future__ import annotations
 
-import copy
 import json
 import tempfile
 from pathlib import Path
@@ -26,7 +25,8 @@ import torch
 from torch import nn
 
 from neuron_port.backends.base import check_single_kv_length
-from neuron_port.backends.nxd import KVResident, ResidentKVRunner, build, load, parallelize_for_nxd, traced_checkpoint
+from neuron_port.backends.nxd import (KVResident, ResidentKVRunner, build, device_copy, load, parallelize_for_nxd,
+                                      traced_checkpoint)
 from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.errors import NeuronPortError
 from neuron_port.graph.graphs import DecodeGraph, PrefillGraph
@@ -40,12 +40,13 @@ GRAPHS_FILE = "nxd_graphs.json"
 
 def resident_factory(model: nn.Module, setup: RankSetup, stores: StoreShapes, kind: str, size: int,
                       kv_shapes: list[torch.Size], kv_dtype: torch.dtype) -> Callable[[], KVResident]:
-    """What ModelBuilder's ``load_module`` calls under NxD's parallel state: a copy of ``model`` with
-    the plan's parallel layers, its ``kind`` graph of ``size``, the rank-local KV store as parameters."""
+    """What ModelBuilder's ``load_module`` calls under NxD's parallel state: a :func:`device_copy` of
+    ``model`` (no host tables, its own head, the original's tensors shared) with the plan's parallel
+    layers, its ``kind`` graph of ``size``, the rank-local KV store as parameters."""
     dtype = next(model.parameters()).dtype
 
     def make() -> KVResident:
-        shard = parallelize_for_nxd(copy.deepcopy(model), setup, dtype)
+        shard = parallelize_for_nxd(device_copy(model), setup, dtype)
         if kind == "prefill":
             graph: nn.Module = PrefillGraph(shard, stores.specs[stores.prefill_kv[size]], size)
         else:
@@ -81,6 +82,19 @@ def write_nxd_rank(rank_dir: Path, model: nn.Module, setup: RankSetup, shape: Po
     return {"kv_layout": host.kv_layout(), "runners": {"inplace_kv_writes": False}}
 
 
+def shard_bytes(rank_dir: Path) -> list[int]:
+    """Bytes of the tensors in each core's shard (``weights/tp{r}_sharded_checkpoint.safetensors``),
+    from the files' headers (each tensor's data offsets), in core order."""
+    tp = int(json.loads((Path(rank_dir) / GRAPHS_FILE).read_text())["tp"])
+    out = []
+    for r in range(tp):
+        with open(Path(rank_dir) / "weights" / f"tp{r}_sharded_checkpoint.safetensors", "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        out.append(sum(end - start for name, entry in header.items() if name != "__metadata__"
+                       for start, end in [entry["data_offsets"]]))
+    return out
+
+
 class NxdBackend:
     """Loads an nxd artifact's graphs (it compiles nothing graph by graph: :func:`write_nxd_rank` does)."""
 
@@ -101,4 +115,4 @@ class NxdBackend:
         return {f: ResidentKVRunner(executor, int(recorded["graphs"][f]["inputs"])) for f in files}
 
 
-__all__ = ["GRAPHS_FILE", "resident_factory", "write_nxd_rank", "NxdBackend"]
+__all__ = ["GRAPHS_FILE", "resident_factory", "write_nxd_rank", "shard_bytes", "NxdBackend"]

@@ -32,11 +32,25 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     summary = {k: manifest[k] for k in ("backend", "tp", "buckets", "kv_lens", "batch", "dtype", "weights_fingerprint")}
     summary["out"] = str(Path(args.out).resolve())
     summary["files"] = len(manifest["files"])
+    if args.backend == "nxd":
+        summary.update(_device_bytes(Path(args.out), model, setup))
     if args.json:
         print_json(summary)
     else:
         print(f"artifact written to {summary['out']} ({summary['files']} files, backend {args.backend}, tp {args.tp})")
     return 0
+
+
+def _device_bytes(out: Path, model, setup) -> dict:
+    """What each NeuronCore's shard holds against the planner's per-core weights (device tensors only)."""
+    from neuron_port.backends.nxd_artifact import shard_bytes
+    from neuron_port.planner import device_params_per_core
+
+    shards = shard_bytes(out / "rank0")
+    itemsize = next(model.parameters()).element_size()
+    planned = device_params_per_core(setup.layout, model.config, setup.tp) * itemsize
+    return {"shard_bytes_per_core": shards, "plan_weight_bytes_per_core": planned,
+            "shard_to_plan": round(max(shards) / planned, 4)}
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:

@@ -80,21 +80,34 @@ def _weight_groups(named: dict, skip: list[str]) -> list[list[str]]:
 
 class StandInNxDModel(nn.Module):
     def __init__(self, models: Dict[str, nn.Module], routes: Dict[str, str], weight_names: List[str],
-                 state_template: List[torch.Tensor], private_state: bool):
+                 weight_dtypes: List[torch.Tensor], state_template: List[torch.Tensor], private_state: bool):
         super().__init__()
         self.models = nn.ModuleDict(models)
         self.routes = routes
         self.weight_names = weight_names
         self.state_template = state_template
         self.private_state = private_state
+        self.weight_dtypes: List[torch.Tensor] = weight_dtypes  # empty tensors of the traced dtypes
         self.weights: List[torch.Tensor] = [torch.zeros(0)]
+        self.device_tensors: Dict[str, torch.Tensor] = {"": torch.zeros(0)}
         self.state: Dict[str, List[torch.Tensor]] = {"": [torch.zeros(0)]}
 
     @torch.jit.export
     def initialize(self, checkpoint: List[Dict[str, torch.Tensor]], start_rank_tensor: torch.Tensor):
         if len(checkpoint) != 1 or int(start_rank_tensor[0]) != 0:
             raise RuntimeError("the stand-in runs one rank: expected one checkpoint and start rank 0")
-        self.weights = [checkpoint[0][name] for name in self.weight_names]
+        # as _parallel_load: every tensor of the shard goes to the device, named by the module or not
+        self.device_tensors = checkpoint[0]
+        weights: List[torch.Tensor] = []
+        for i in range(len(self.weight_names)):
+            name = self.weight_names[i]
+            if name not in checkpoint[0]:
+                raise RuntimeError("the shard lacks the traced weight " + name)
+            tensor = checkpoint[0][name]
+            if tensor.dtype != self.weight_dtypes[i].dtype:
+                raise RuntimeError("the shard's " + name + " is not in the dtype the graph was traced with")
+            weights.append(tensor)
+        self.weights = weights
         state: Dict[str, List[torch.Tensor]] = {}
         for key in self.routes.values():
             state[key] = [t.clone() for t in self.state_template]
@@ -150,6 +163,7 @@ class ModelBuilder:
             groups = _weight_groups(named, state_names)
             weight_names = [names[0] for names in groups]
             self.weight_names, self.dtypes = weight_names, {n: t.dtype for n, t in named.items()}
+            self.parameter_names = {n for n, _ in module.named_parameters(remove_duplicate=False)}
             self.first_state = {n: named[n].detach() for n in weight_names}
             xs = list(examples[0])
             ws = [named[n].detach() for n in weight_names]
@@ -159,7 +173,8 @@ class ModelBuilder:
             routes[shape_key(xs)] = key
         template = [torch.zeros(s, dtype=self.dtypes[n]) for n, s in zip(state_names, shapes)]
         private = os.environ.get("NEURON_PORT_STANDIN_PRIVATE_STATE") == "1"
-        nxd_model = torch.jit.script(StandInNxDModel(models, routes, self.weight_names, template, private))
+        weight_dtypes = [torch.zeros(0, dtype=self.dtypes[n]) for n in self.weight_names]
+        nxd_model = torch.jit.script(StandInNxDModel(models, routes, self.weight_names, weight_dtypes, template, private))
         first = list(next(iter(self.keys.values()))[1][0])
         nxd_model.initialize([self.first_state], torch.tensor([0], dtype=torch.int32))
         executor = torch.jit.trace(NxDModelExecutor(nxd_model), tuple(first), strict=False, check_trace=False)
@@ -171,8 +186,14 @@ class ModelBuilder:
         missing = [n for n in self.weight_names if n not in checkpoint]
         if missing:
             raise KeyError(f"the checkpoint lacks {len(missing)} weights of the traced module, e.g. {missing[:3]}")
-        # as preprocess_checkpoint + cast_weights: keys the module's state_dict has, in its dtypes
-        kept = {k: v.to(self.dtypes[k]) for k, v in checkpoint.items() if k in self.dtypes}
+        # Stricter than a silent drop: NxD's _parallel_load puts every tensor of a shard on the device,
+        # so a tensor the traced module does not name would be HBM spent on nothing (or a name guessed wrong).
+        unknown = sorted(k for k in checkpoint if k not in self.dtypes)
+        if unknown:
+            raise KeyError(f"the checkpoint holds {len(unknown)} tensors the traced module does not have, "
+                           f"e.g. {unknown[:3]}")
+        # as cast_weights: parameters are cast to the module's dtypes, buffers kept as given
+        kept = {k: (v.to(self.dtypes[k]) if k in self.parameter_names else v) for k, v in checkpoint.items()}
         if serialize_path is not None:  # safetensors refuses two names sharing memory, as in NxD
             Path(serialize_path).mkdir(parents=True, exist_ok=True)
             save_file({k: v.contiguous() for k, v in kept.items()},
