@@ -8,7 +8,7 @@ those 15 owners allocate, sliding owners as rings of the 512-token window.
 
     python examples/gemma4_e2b.py                          # tiny random weights, CPU backend
     python examples/gemma4_e2b.py --model-dir DIR          # real weights (config.json, safetensors, tokenizer)
-    python examples/gemma4_e2b.py --backend neuron         # on an Inferentia2 host with the Neuron SDK
+    python examples/gemma4_e2b.py --model-dir DIR --backend neuron --dtype bf16   # inf2: ModelBuilder on one NeuronCore
     PJRT_DEVICE=CPU python examples/gemma4_e2b.py --backend xla   # through torch-xla, checked in process
 """
 

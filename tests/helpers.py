@@ -146,3 +146,16 @@ def write_tiny_artifact(model, out_dir: Path, source: dict, buckets=(32,), kv_le
     from neuron_port.graph.shapes import PortShape
 
     return write_artifact(out_dir, model, source, RankSetup.for_layout(describe(model), 1), PortShape(buckets, kv_lens))
+
+
+STANDIN_SDK = Path(__file__).parent / "sdk_standin"
+
+
+def standin_env(**extra: str) -> dict[str, str]:
+    """This environment with the stand-in Neuron SDK (``tests/sdk_standin``) importable, for a child process."""
+    import os
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(STANDIN_SDK), str(Path(__file__).resolve().parents[1])])
+    env.update(extra)
+    return env

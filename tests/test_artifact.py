@@ -13,6 +13,9 @@ from neuron_port import describe, load_config
 from neuron_port.artifacts import manifest as artifact
 from neuron_port.backends.neuron import compiler_args
 from neuron_port.backends.nxd import KVResident, alias_map, rank_checkpoints
+from neuron_port.artifacts.writer import write_artifact
+from neuron_port.generation.generate import generate
+from neuron_port.graph.shapes import PortShape
 from neuron_port.model.loading import build_model
 from neuron_port.generation.static_batch import greedy_generate
 from neuron_port.graph.port import Port
@@ -286,14 +289,13 @@ def test_nxd_alias_map_points_every_kv_parameter_at_its_output():
 
 
 @pytest.mark.neuron
-def test_neuron_trace_of_the_tiny_decode_graph():
-    """Runs only where the Neuron SDK is installed (skipped elsewhere with the reason)."""
-    from neuron_port.backends.neuron import NeuronBackend
-
+def test_a_neuron_artifact_of_the_tiny_e2b_generates(tmp_path):
+    """Runs only where the Neuron SDK is installed (skipped elsewhere with the reason): the single-core
+    path is ModelBuilder at tp 1, written as an artifact and run from it."""
     model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
-    port = Port(model, describe(model), [16], [32])
-    port.compile(NeuronBackend())
-    assert greedy_generate(port, [[2, 5, 6, 7]], 8).tokens
+    write_artifact(tmp_path / "A", model, {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0},
+                   RankSetup.for_layout(describe(model), 1), PortShape([16], [32]), "neuron")
+    assert generate(tmp_path / "A", [[2, 5, 6, 7]], 8).tokens
 
 
 def test_nxd_checkpoint_column_split_gives_each_rank_its_planned_kv_heads():

@@ -1,143 +1,85 @@
-"""Contract test of the single-core Neuron backend: what it hands ``torch_neuronx`` against the
-documented API (torch-neuronx API reference, SDK 2.28). Not a hardware result: a recording stand-in
-replaces the ``torch_neuronx`` module, and the traced graph is a CPU TorchScript trace.
+"""The single-core Neuron backend takes the documented path: neuronx-distributed's ModelBuilder at tp 1.
 
-Documented rules checked:
-* ``trace(func, example_inputs, *, input_output_aliases={}, compiler_args=..., inline_weights_to_neff=True)``;
-  alias keys are tensors of ``func``'s own state (torch-neuronx matches them with ``torch.equal``),
-  values output indices;
-* ``replace_weights(neuron_model, weights)`` applies only to a model traced with
-  ``inline_weights_to_neff=False``; ``weights`` is a module or a state dict.
+``--backend neuron`` writes the artifact ``--backend nxd --tp 1`` writes (recorded as ``neuron``):
+weights loaded onto the core once, at ``nxd_model.initialize``, and one KV state for every graph,
+both of which ModelBuilder documents. It calls nothing torch-neuronx leaves undocumented: the
+stand-in ``torch_neuronx`` (``tests/sdk_standin``) has no ``trace``, ``replace_weights`` or
+``move_trace_to_device`` at all, so a backend that reached for them would fail here. A contract
+test on a stand-in SDK, not a hardware result.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
-import types
 
 import pytest
-import torch
 
-from neuron_port.backends.neuron import NeuronBackend
+from neuron_port.backends.neuron import IN_PROCESS_REFUSAL, NeuronBackend, compiler_args
+from neuron_port.backends.nxd_artifact import NxdBackend
 from neuron_port.errors import NeuronPortError
-from neuron_port.model.layout import describe
-from neuron_port.model.loading import build_model
-from neuron_port.model.configs import load_config
-from neuron_port.graph.port import Port
+from tests.helpers import run_cli_process, standin_env
+
+SHAPE = ["--buckets", "8,16", "--kv-lens", "32"]
 
 
-def check_trace_call(func, kwargs: dict) -> None:
-    """Raise as the documented API would refuse the call."""
-    state = list(func.state_dict(keep_vars=True).values())
-    for key, out in dict(kwargs.get("input_output_aliases", {})).items():
-        if not isinstance(key, torch.Tensor):
-            # torch-neuronx runs torch.equal(key, tensor) over the module's tensors
-            raise TypeError(f"equal(): argument 'input' must be Tensor, not {type(key).__name__}")
-        if not any(key is t for t in state):
-            raise ValueError("an alias key is not a tensor of the traced module")
-        if not isinstance(out, int):
-            raise TypeError("alias values are output indices")
+@pytest.fixture(scope="module")
+def neuron_artifact(tmp_path_factory):
+    out = tmp_path_factory.mktemp("neuron") / "A"
+    res = run_cli_process("compile", "gemma-4-e2b", "--tiny", "--backend", "neuron", *SHAPE, "--out", str(out), "--json",
+                          env=standin_env())
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out, json.loads(res.stdout)
 
 
-class _Traced:
-    """What the stand-in's trace returns: the module run eagerly, its aliased outputs written back
-    into the alias-key tensors (the state a device keeps between calls)."""
-
-    def __init__(self, func, aliases):
-        self.func, self.aliases = func, aliases
-
-    def __call__(self, *inputs):
-        out = self.func(*inputs)
-        with torch.no_grad():
-            for tensor, index in self.aliases.items():
-                tensor.copy_(out[index])
-        return out
+def test_the_stand_in_offers_no_undocumented_call():
+    code = ("import torch_neuronx as t; import sys; "
+            "sys.exit(any(hasattr(t, n) for n in ('trace', 'replace_weights', 'move_trace_to_device')))")
+    assert subprocess.run([sys.executable, "-c", code], env=standin_env()).returncode == 0
 
 
-class RecordingNeuronx(types.ModuleType):
-    def __init__(self):
-        super().__init__("torch_neuronx")
-        self.traces: list[dict] = []
-        self.replaced: list[tuple] = []
-
-    def trace(self, func, example_inputs, **kwargs):
-        check_trace_call(func, kwargs)
-        traced = _Traced(func, dict(kwargs.get("input_output_aliases", {})))
-        self.traces.append({"func": func, "kwargs": kwargs, "traced": traced, "inputs": example_inputs})
-        return traced
-
-    def replace_weights(self, neuron_model, weights):
-        record = next(t for t in self.traces if t["traced"] is neuron_model)
-        if record["kwargs"].get("inline_weights_to_neff", True):
-            raise RuntimeError("replace_weights needs a model traced with inline_weights_to_neff=False")
-        own = neuron_model.func.state_dict(keep_vars=True)
-        for name, tensor in weights.items():
-            own[name].data = tensor  # the model now runs on the tensors it was given
-        self.replaced.append((neuron_model, weights))
+def test_a_neuron_artifact_is_one_modelbuilder_executor_for_one_core(neuron_artifact):
+    out, summary = neuron_artifact
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["backend"] == "neuron" and manifest["tp"] == 1 and manifest["kv_lens"] == [32]
+    rank = out / "rank0"
+    assert (rank / "model.pt").is_file() and (rank / "weights" / "tp0_sharded_checkpoint.safetensors").is_file()
+    assert sorted(json.loads((rank / "nxd_graphs.json").read_text())["graphs"]) == ["decode_32.pt", "prefill_16.pt",
+                                                                                    "prefill_8.pt"]
+    assert not list(rank.glob("neuron_state*")), "no state bound graph by graph"
+    assert abs(summary["shard_to_plan"] - 1) < 0.02
 
 
-@pytest.fixture
-def neuronx(monkeypatch):
-    fake = RecordingNeuronx()
-    monkeypatch.setitem(sys.modules, "torch_neuronx", fake)
-    return fake
+def test_a_neuron_artifact_generates_the_reference_from_a_fresh_process(neuron_artifact):
+    out, _ = neuron_artifact
+    res = run_cli_process("generate", str(out), "--prompt-len", "10", "--max-new-tokens", "12", "--check", "--json",
+                          env=standin_env())
+    assert res.returncode == 0, res.stderr[-3000:]
+    checked = json.loads(res.stdout)
+    assert checked["backend"] == "neuron" and checked["seq_match"] is True and checked["self_checks_passed"] is True
+    assert checked["logit_check"]["steps"] == 12 and checked["logit_check"]["max_relative_error"] < 1e-4
 
 
-def _port():
-    model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
-    return Port(model, describe(model), [16, 32], [64])
+def test_port_backend_neuron_is_refused_with_the_artifact_commands():
+    res = run_cli_process("port", "gemma-4-e2b", "--tiny", "--backend", "neuron", "--max-new-tokens", "2",
+                          env=standin_env())
+    assert res.returncode != 0 and "compile MODEL --backend neuron" in res.stderr and "Traceback" not in res.stderr
+    with pytest.raises(NeuronPortError, match="ModelBuilder at tp 1"):
+        NeuronBackend().compile(None, [], {})
+    assert "neuron-port generate DIR" in IN_PROCESS_REFUSAL
 
 
-def test_the_backend_call_follows_the_documented_api(neuronx):
-    port = _port()
-    port.compile(NeuronBackend())
-    assert len(neuronx.traces) == 3 and len(neuronx.replaced) == 3
-    for record in neuronx.traces:
-        kwargs = record["kwargs"]
-        assert kwargs["inline_weights_to_neff"] is False
-        assert kwargs["compiler_args"] == ["--model-type", "transformer", "--auto-cast", "none"]
-        # the KV store: parameters of the traced module, aliased by those tensors to outputs 1..n
-        kv = list(record["func"].kv)
-        assert kv and list(kwargs["input_output_aliases"].items()) == [(p, 1 + i) for i, p in enumerate(kv)]
-        assert len(record["inputs"]) == 8  # the step inputs only; the store is not an input
-    # one state bound to every graph: the same weight tensors and the same KV tensors each time
-    pointers = [{k: v.data_ptr() for k, v in weights.items()} for _, weights in neuronx.replaced]
-    assert any(k.startswith("kv.") for k in pointers[0]) and any(k.startswith("graph.model.") for k in pointers[0])
-    assert all(p == pointers[0] for p in pointers[1:])
+def test_the_backend_loads_what_nxd_loads_and_keeps_its_compiler_args():
+    assert issubclass(NeuronBackend, NxdBackend) and NeuronBackend.name == "neuron"
+    assert NeuronBackend("matmult").args == compiler_args("matmult")
 
 
-def test_a_rank_binds_one_kv_length(neuronx):
-    model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
-    port = Port(model, describe(model), [16], [32, 64])
-    with pytest.raises(NeuronPortError, match="one KV length"):
-        port.compile(NeuronBackend())
-
-
-def test_the_old_call_is_caught_by_the_contract(neuronx):
-    """Input indices as alias keys (what the backend used to pass) fail as torch-neuronx fails."""
-    graph = _port().graphs.decode[64]
-    with pytest.raises(TypeError, match="must be Tensor, not int"):
-        check_trace_call(graph, {"input_output_aliases": graph.aliases})
-
-
-def test_compiled_graphs_still_match_the_eager_port(neuronx):
-    from neuron_port.generation.generate import greedy_generate
-
-    prompt = [2, 40, 41, 42, 43]
-    eager = greedy_generate(_port(), [prompt], 6).tokens
-    port = _port()
-    port.compile(NeuronBackend())
-    assert greedy_generate(port, [prompt], 6).tokens == eager
-
-
-def test_graphs_that_keep_their_own_store_are_caught(neuronx, monkeypatch):
-    """Bound without the shared store, decode reads a store prefill never wrote: its logits differ."""
-    from neuron_port.generation.generate import greedy_generate
-
-    prompt = [2, 40, 41, 42, 43]
-    eager = greedy_generate(_port(), [prompt], 4, keep_logits=True)
-    monkeypatch.setattr(NeuronBackend, "_bind", lambda self, state: dict(state))
-    port = _port()
-    port.compile(NeuronBackend())
-    own = greedy_generate(port, [prompt], 4, keep_logits=True)
-    assert (own.step_logits[1] - eager.step_logits[1]).abs().max() > 1e-2
+def test_a_neuron_artifact_takes_one_core_and_one_kv_length(tmp_path):
+    res = run_cli_process("compile", "gemma-4-e2b", "--tiny", "--backend", "neuron", "--tp", "2", "--out",
+                          str(tmp_path / "A"), env=standin_env())
+    assert res.returncode != 0 and "--backend nxd" in res.stderr
+    res = run_cli_process("compile", "gemma-4-e2b", "--tiny", "--backend", "neuron", "--buckets", "8", "--kv-lens",
+                          "16,32", "--out", str(tmp_path / "B"), env=standin_env())
+    assert res.returncode != 0 and "one KV length" in res.stderr
+    assert not (tmp_path / "A").exists() and not (tmp_path / "B").exists()

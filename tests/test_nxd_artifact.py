@@ -16,17 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_cli_process
+from tests.helpers import run_cli_process, standin_env
 
-STANDIN = str(Path(__file__).parent / "sdk_standin")
 SHAPE = ["--buckets", "8,16", "--kv-lens", "32"]
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([STANDIN, str(Path(__file__).resolve().parents[1])])
-    env.update(extra)
-    return env
+    return standin_env(**extra)
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,9 @@ Layout::
     DIR/tokenizer.json           when the source had one
     DIR/rank{r}/weights.safetensors   (cpu) rank r's shard of the transformer, once for all its graphs
     DIR/rank{r}/graph_weights.json    (cpu) which of those tensors each graph takes, and their specs
-    DIR/rank{r}/prefill_{bucket}.pt, decode_{kv_len}.pt   compiled graphs (cpu: without the weights;
-                                      neuron: torch-neuronx's files, each with its weights, and
-                                      neuron_state.safetensors, the state bound to all of them)
-    DIR/rank0/model.pt, weights/, nxd_graphs.json   (nxd) one executor for every NeuronCore
-                                      (:mod:`neuron_port.backends.nxd_artifact`)
+    DIR/rank{r}/prefill_{bucket}.pt, decode_{kv_len}.pt   (cpu) compiled graphs, without the weights
+    DIR/rank0/model.pt, weights/, nxd_graphs.json   (nxd, and neuron: nxd at tp 1) one ModelBuilder
+                                      executor for every NeuronCore (:mod:`neuron_port.backends.nxd_artifact`)
 
 The manifest records the library, backend and component versions, the config hash, a weights
 fingerprint (tensor names, shapes, dtypes and contents), buckets, KV lengths, TP degree, KV
@@ -125,9 +123,9 @@ def write_manifest(directory: Path, fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def host_ranks(manifest: Mapping[str, Any]) -> int:
-    """The host processes an artifact runs in: one per rank, except nxd, whose one executor
-    drives every NeuronCore from one process."""
-    return 1 if manifest.get("backend") == "nxd" else int(manifest["tp"])
+    """The host processes an artifact runs in: one per rank, except nxd (and neuron, nxd at tp 1),
+    whose one executor drives every NeuronCore from one process."""
+    return 1 if manifest.get("backend") in ("nxd", "neuron") else int(manifest["tp"])
 
 
 # ---- reading and verifying -----------------------------------------------------------------

@@ -115,7 +115,7 @@ def write_artifact(
     check_setup_matches(setup, model)
     with atomic_directory(out_dir) as tmp:
         config_dict, embeddings = write_host_files(tmp, model, source, tokenizer_dir)
-        if backend == "nxd":  # one ModelBuilder traces every core's graphs from this process
+        if backend in ("nxd", "neuron"):  # one ModelBuilder traces every core's graphs from this process
             ranks = [write_nxd_rank(tmp / "rank0", model, setup, shape, batch)]
         else:
             ranks = run_ranks(functools.partial(compile_rank, str(tmp), shape, backend, batch), setup, model, mode="gloo")

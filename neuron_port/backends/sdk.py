@@ -10,7 +10,8 @@ NEURON_HINT = (
     "(the PyPI packages of those names are placeholders that raise ImportError('WRONG PACKAGE'))"
 )
 
-_VENDOR_MODULES = {"neuron": ("torch_neuronx",), "nxd": ("torch_neuronx", "neuronx_distributed")}
+# neuron is ModelBuilder at tp 1 (neuron_port.backends.neuron), so it needs neuronx-distributed too
+_VENDOR_MODULES = {"neuron": ("torch_neuronx", "neuronx_distributed"), "nxd": ("torch_neuronx", "neuronx_distributed")}
 
 
 class BackendUnavailableError(NeuronPortError, ImportError):
@@ -31,13 +32,11 @@ def require_backend(name: str) -> None:
 def check_backend_tp(name: str, tp: int) -> None:
     """Refuse a tensor-parallel degree the backend cannot run.
 
-    ``neuron`` traces one NeuronCore per graph: ranks traced separately would each carry the
-    library's gloo all-reduce, which under torch-xla returns the rank's own partial sum, and no
-    runtime setting gives each its core. Tensor parallelism on Neuron goes through
-    neuronx-distributed's ModelBuilder (``nxd``)."""
+    ``neuron`` is one NeuronCore (ModelBuilder at tp 1); tensor parallelism on Neuron is ``nxd``,
+    the same ModelBuilder at any degree."""
     if name == "neuron" and tp > 1:
         raise NeuronPortError(f"--backend neuron compiles for one NeuronCore and cannot run tp {tp}: "
-                              "use --backend nxd (neuronx-distributed's ModelBuilder) for tensor parallelism")
+                              "use --backend nxd (the same ModelBuilder path, any tp) for tensor parallelism")
 
 
 __all__ = ["NEURON_HINT", "BackendUnavailableError", "require_backend", "check_backend_tp"]

@@ -19,7 +19,7 @@ def recipe_parser(description: str, tp: int | None = None) -> argparse.ArgumentP
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model-dir", help="a local model directory with real weights (default: tiny random weights)")
     ap.add_argument("--backend", default="cpu", choices=["cpu", "neuron", "nxd", "xla"],
-                    help="cpu, neuron (one NeuronCore) or nxd (neuronx-distributed's ModelBuilder, any tp): a verified "
+                    help="cpu, neuron (one NeuronCore) or nxd (any tp), both through neuronx-distributed's ModelBuilder: a verified "
                          "artifact, checked in a fresh process; xla: the graphs lowered through torch-xla "
                          "(PJRT_DEVICE=CPU) and checked in this process")
     ap.add_argument("--tp", type=int, default=tp, help="tensor-parallel degree (default: the planner's recommendation)")

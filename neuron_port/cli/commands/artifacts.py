@@ -32,7 +32,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     summary = {k: manifest[k] for k in ("backend", "tp", "buckets", "kv_lens", "batch", "dtype", "weights_fingerprint")}
     summary["out"] = str(Path(args.out).resolve())
     summary["files"] = len(manifest["files"])
-    if args.backend == "nxd":
+    if args.backend in ("nxd", "neuron"):
         summary.update(_device_bytes(Path(args.out), model, setup))
     if args.json:
         print_json(summary)
@@ -91,8 +91,8 @@ def add(sub) -> None:
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--backend", default="cpu", choices=["cpu", "neuron", "nxd"],
-                   help="cpu (TorchScript), neuron (torch-neuronx, one NeuronCore) or nxd (neuronx-distributed's "
-                        "ModelBuilder, tensor parallel), the last two on an Inferentia2 host; xla graphs are checked "
+                   help="cpu (TorchScript), neuron (one NeuronCore: neuronx-distributed's ModelBuilder at tp 1) or nxd "
+                        "(the same ModelBuilder at any tp), the last two on an Inferentia2 host; xla graphs are checked "
                         "in process by 'port --backend xla', not saved")
     p.add_argument("--out", required=True, help="artifact directory (written atomically)")
     p.add_argument("--seed", type=int, default=0)

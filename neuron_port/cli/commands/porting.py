@@ -22,9 +22,12 @@ def _cmd_port(args: argparse.Namespace) -> int:
 
     if args.backend == "neuron":
         from neuron_port.backends import check_backend_tp, require_backend
+        from neuron_port.backends.neuron import IN_PROCESS_REFUSAL
+        from neuron_port.errors import NeuronPortError
 
         check_backend_tp(args.backend, args.tp)
         require_backend(args.backend)
+        raise NeuronPortError(IN_PROCESS_REFUSAL)
     elif args.backend == "xla":
         from neuron_port.backends.xla import require_xla
 
@@ -121,7 +124,8 @@ def add(sub) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (gloo ranks on this machine)")
     p.add_argument("--backend", default="cpu", choices=["cpu", "neuron", "xla"],
                    help="cpu: eager graphs (gloo ranks at tp > 1); xla: through torch-xla (PJRT_DEVICE=CPU, SPMD at "
-                        "tp > 1) with a lowering report; neuron: needs the Neuron SDK")
+                        "tp > 1) with a lowering report; neuron: refused here, the Neuron path is an artifact "
+                        "(compile --backend neuron|nxd)")
     add_prompt_options(p, default_tokens=48)
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and the random prompt")
     p.add_argument("--buckets", type=int_list, default=[32, 64, 128], help="prompt buckets, e.g. 32,64,128")
