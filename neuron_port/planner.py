@@ -21,9 +21,12 @@ Formulas (all bytes; ``b`` = bytes per element of the dtype):
 * Host RAM: full server = every parameter at b plus ``HOST_PROCESS_OVERHEAD``; slim server =
   the embedding tables only plus the overhead.
 * Compile host RAM = tp x (per-core device weights at the plan's dtype) x ``COMPILER_EXPANSION``
-  + the fp32 checkpoint the compiler's host process loads. ``COMPILER_EXPANSION`` is calibrated
-  on the one anchor there is (a bf16 E4B TP=2 compile peaked past 128 GB and needed >= 55 GB of
-  swap); the factor reproduces that swap figure, other sizes extrapolate from the single point.
+  + every parameter at b x ``HOST_BUILD_COPIES`` (the model the build loads, plus what tracing
+  every graph key adds on the host: measured at 2.0x the weight bytes by
+  ``benchmarks/nxd_build_memory.py``, against 5.6x when each key deep-copied the model).
+  ``COMPILER_EXPANSION`` is calibrated on the one anchor there is (a bf16 E4B TP=2 compile peaked
+  past 128 GB and needed >= 55 GB of swap); the factor reproduces that swap figure, other sizes
+  extrapolate from the single point.
 * Roofline decode = per-core HBM bandwidth / bytes each core reads per token (its weights,
   read once, plus its KV store at the context length). Ranks read in parallel.
 """
@@ -44,7 +47,8 @@ from neuron_port.parallel.sharding import plan_model, valid_model_tp
 GiB = 1 << 30
 RUNTIME_RESERVE = GiB // 2
 HOST_PROCESS_OVERHEAD = 2 * GiB
-COMPILER_EXPANSION = 15.2  # E4B TP=2 bf16 on a 128 GiB host -> ~55 GB of swap (field report)
+COMPILER_EXPANSION = 13.8  # E4B TP=2 bf16 on a 128 GiB host -> ~55 GB of swap (field report)
+HOST_BUILD_COPIES = 3.0  # the model, plus 2.0x its weight bytes while ModelBuilder traces every key
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
@@ -231,7 +235,7 @@ def _host_figures(layout: Layout, b: int, chosen: int, cores: dict[str, int], ta
     p, reasons = layout.params, []
     full_bytes = p.total * b + HOST_PROCESS_OVERHEAD
     slim_bytes = (p.embedding + p.per_layer_embedding) * b + HOST_PROCESS_OVERHEAD
-    compile_ram = int(chosen * cores["weights"] * COMPILER_EXPANSION + p.total * 4)
+    compile_ram = int(chosen * cores["weights"] * COMPILER_EXPANSION + p.total * b * HOST_BUILD_COPIES)
     swap = max(0, compile_ram - target.host_ram)
     if swap:
         reasons.append(f"compiling at tp {chosen} needs ~{compile_ram / 1e9:.0f} GB of host RAM: add >= {swap / 1e9:.0f} GB of swap")

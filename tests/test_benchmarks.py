@@ -49,7 +49,7 @@ def test_every_benchmark_has_a_smoke_test_and_a_readme_entry():
         assert script in readme, f"benchmarks/README.md does not describe {script}"
     # xla_lowering.py needs torch-xla: its smoke test is in tests/test_xla.py (the xla virtualenv)
     tested = {"host_overhead.py", "decode_vs_hf.py", "kv_memory.py", "slim_rss.py", "host_step.py", "cpu_backend.py",
-              "xla_lowering.py", "serve_load.py", "bf16_accuracy.py", "weights_once.py"}
+              "xla_lowering.py", "serve_load.py", "bf16_accuracy.py", "weights_once.py", "nxd_build_memory.py"}
     assert set(SCRIPTS) <= tested, f"no smoke test for {set(SCRIPTS) - tested}"
 
 
@@ -122,6 +122,12 @@ def test_bf16_accuracy_smoke(smollm2_dir):
         assert 0 <= row[dtype]["identical_share"] <= 1 and row[dtype]["logit_error"]["steps"] == 8
     # the control is float32, the measured side really bf16
     assert row["fp32"]["logit_error"]["max"] < 1e-4 < row["bf16"]["logit_error"]["max"]
+
+
+def test_nxd_build_memory_smoke():
+    out = _run("nxd_build_memory.py", "--smoke", "--json")
+    assert out["graph_keys"] == 2 and _positive(out["weight_bytes"], out["library_build_added_bytes"],
+                                                 out["peer_build_added_bytes"], out["library_to_peer"])
 
 
 def test_weights_once_on_real_weights(smollm2_dir):
