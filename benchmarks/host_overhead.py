@@ -27,7 +27,8 @@ import torch
 from neuron_port import describe, load_config
 from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.graph.port import Port
-from neuron_port.generation.static_batch import GenerationParams, Generator
+from neuron_port.generation.request_state import GenerationParams
+from neuron_port.generation.static_batch import Generator
 from neuron_port.generation.sampling import SamplingParams, reference_distribution
 
 DEVICE_STEP_MS_ANCHOR = 23.0  # field report: E2B decode on one NeuronCore, ~23 ms per token

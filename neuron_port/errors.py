@@ -42,3 +42,47 @@ class AdapterError(NeuronPortError, NotImplementedError):
 class MaskFormError(AdapterError, ValueError):
     """The text model dropped the host-built masks: the adapter's ``attention_mask_argument`` gives
     them in a form this model ignores (a mapping to a model that takes one tensor, or the reverse)."""
+
+
+class ArtifactError(NeuronPortError, ValueError):
+    """An artifact that is missing, corrupt, edited or built for another environment."""
+
+
+class BackendUnavailableError(NeuronPortError, ImportError):
+    """A backend whose vendor SDK is not installed."""
+
+
+class MissingExtraError(NeuronPortError, ImportError):
+    """An optional extra the command needs is not installed."""
+
+
+class PretrainedUnavailableError(NeuronPortError, RuntimeError):
+    """A real checkpoint whose package (or the GGUF readers) is not installed."""
+
+
+class TensorFileError(NeuronPortError, ValueError):
+    """A safetensors file that is truncated, malformed or lacks what was asked for."""
+
+
+class PromptError(NeuronPortError, ValueError):
+    """A prompt that cannot be built as asked."""
+
+
+class TemplateError(NeuronPortError, ValueError):
+    """A chat template that raised (``raise_exception``) or failed to render."""
+
+
+class GoldenMismatchError(NeuronPortError, ValueError):
+    """A golden whose checkpoint is not the model under test's."""
+
+
+class QueueFull(NeuronPortError, RuntimeError):
+    """The server's queue holds as many requests as it may: the request is refused (HTTP 429)."""
+
+
+class Rejected(NeuronPortError):
+    """A request refused before it reaches the engine: status, message, error type, parameter."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param = status, message, kind, param

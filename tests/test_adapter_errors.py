@@ -11,7 +11,8 @@ import json
 import pytest
 
 from neuron_port import families
-from neuron_port.artifacts.manifest import ArtifactError, _check_adapter
+from neuron_port.artifacts.manifest import _check_adapter
+from neuron_port.errors import ArtifactError
 from neuron_port.families import AdapterSource, DecoderFamily
 from tests.helpers import run_cli
 

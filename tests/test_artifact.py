@@ -81,7 +81,7 @@ def _served_tp2_matches_generate(out):
 
 
 def test_fresh_process_check_returns_data_and_names_the_childs_failure(e2b_artifact, tmp_path):
-    from neuron_port.artifacts.manifest import ArtifactError
+    from neuron_port.errors import ArtifactError
     from neuron_port.checks.validation import check_in_fresh_process
 
     result = check_in_fresh_process(e2b_artifact, prompt_len=12, max_new_tokens=6)
@@ -300,7 +300,8 @@ def test_a_neuron_artifact_of_the_tiny_e2b_generates(tmp_path):
 
 def test_nxd_checkpoint_column_split_gives_each_rank_its_planned_kv_heads():
     """NxD splits columns evenly; the expanded K/V rows make that split equal the library's plan."""
-    from neuron_port.backends.nxd import expanded_kv_rows, nxd_checkpoint
+    from neuron_port.backends.nxd import nxd_checkpoint
+    from neuron_port.parallel.sharding import expanded_kv_rows
     from neuron_port.errors import ShardingError
     from neuron_port.parallel.sharding import head_rows, plan_attention
 
@@ -321,7 +322,7 @@ def test_nxd_checkpoint_column_split_gives_each_rank_its_planned_kv_heads():
 
 
 def test_nxd_parallel_layers_need_the_sdk():
-    from neuron_port.backends import BackendUnavailableError
+    from neuron_port.errors import BackendUnavailableError
     from neuron_port.backends.nxd import parallelize_for_nxd
 
     model = build_model(load_config("gemma-4-e4b", tiny=True), seed=0)

@@ -45,6 +45,10 @@ def test_recipe_prints_seq_match(recipe, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "SEQ_MATCH True" in proc.stdout
     assert (tmp_path / "artifact" / "manifest.json").exists()
+    # a newcomer's first screen carries the library's lines only: no warning or notice that the
+    # library's own calls into transformers and TorchScript provoke
+    noise = [line for line in proc.stderr.splitlines() if "Warning" in line or "loss_type" in line]
+    assert not noise, noise
 
 
 def test_recipes_use_only_the_public_api_and_stay_short():

@@ -20,7 +20,7 @@ import torch
 from neuron_port.checks.loader_check import loader_mismatches
 from neuron_port.model.loading import load_model_dir
 from neuron_port.checks.reference import hf_reference_model
-from tests.helpers import ServerProcess, run_cli, run_cli_json
+from tests.helpers import ServerProcess, run_cli_json
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,8 @@ from neuron_port.model.loading import build_model
 from neuron_port.generation.static_batch import greedy_generate
 from neuron_port.graph.port import Port
 from neuron_port.checks.oracle import reference_generate
-from neuron_port.generation.static_batch import GenerationParams, Generator
+from neuron_port.generation.request_state import GenerationParams
+from neuron_port.generation.static_batch import Generator
 from neuron_port.generation.sampling import SamplingParams
 from tests.helpers import run_cli
 

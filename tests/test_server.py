@@ -17,7 +17,8 @@ openai = pytest.importorskip("openai")
 from neuron_port import describe, load_config  # noqa: E402
 from neuron_port.model.loading import build_model  # noqa: E402
 from neuron_port.graph.port import Port  # noqa: E402
-from neuron_port.generation.static_batch import GenerationParams, Generator  # noqa: E402
+from neuron_port.generation.request_state import GenerationParams  # noqa: E402
+from neuron_port.generation.static_batch import Generator  # noqa: E402
 from tests.helpers import ServerProcess, run_cli  # noqa: E402
 
 MODEL = "gemma-4-e2b"

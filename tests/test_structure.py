@@ -243,3 +243,37 @@ def test_readme_layers_table_names_every_folder_and_top_module():
                if p.name not in ("__init__.py", "__main__.py", "__pycache__")}
     assert entries - listed == set(), sorted(entries - listed)
     assert [r.removesuffix("/").removesuffix(".py") for r in rows][1:] == [name for name, _ in LAYERS][1:]
+
+
+def _exception_classes_outside_errors(sources: dict[str, str] | None = None) -> list[str]:
+    """Classes defined outside ``errors.py`` whose bases name an exception type (a builtin one, one of
+    the library's errors, or any ``*Error``/``*Exception`` name)."""
+    import builtins
+
+    import neuron_port.errors as errors
+
+    exception_names = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
+    exception_names |= {n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, BaseException)}
+    found = []
+    sources = sources if sources is not None else {name: path.read_text() for name, path in _modules().items()}
+    for name, text in sources.items():
+        if name == "neuron_port.errors":
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(b).rpartition(".")[2] for b in node.bases]
+                if any(b in exception_names or b.endswith(("Error", "Exception")) for b in bases):
+                    found.append(f"{name}.{node.name}")
+    return found
+
+
+def test_every_error_class_is_in_errors_py_and_a_neuron_port_error():
+    import neuron_port.errors as errors
+
+    assert _exception_classes_outside_errors() == []
+    planted = {"neuron_port.serve.x": "class Refused(Exception):\n    pass\nclass Fine:\n    pass\n",
+               "neuron_port.model.y": "from neuron_port import errors\nclass Bad(errors.ConfigError):\n    pass\n"}
+    assert _exception_classes_outside_errors(planted) == ["neuron_port.serve.x.Refused", "neuron_port.model.y.Bad"]
+    classes = [v for v in vars(errors).values() if isinstance(v, type) and issubclass(v, BaseException)]
+    assert len(classes) >= 18
+    assert all(issubclass(c, errors.NeuronPortError) for c in classes)

@@ -7,7 +7,6 @@ safetensors bytes); for values, the frozen graph the lifted one came from.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest

@@ -152,7 +152,8 @@ def test_spmd_layout_carries_biases_of_the_split_projections():
 
 
 def test_the_runtime_takes_the_grad_mode_its_runners_allow():
-    from neuron_port.generation.static_batch import GenerationParams, Generator
+    from neuron_port.generation.request_state import GenerationParams
+    from neuron_port.generation.static_batch import Generator
 
     model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
     port = Port(copy.deepcopy(model), describe(model), [16], [32])

@@ -33,16 +33,12 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from neuron_port.errors import NeuronPortError, UnsupportedArchitectureError
+from neuron_port.errors import ArtifactError, UnsupportedArchitectureError
 from neuron_port.families import AdapterSource, adapter_source, family_for
 
 FORMAT = "neuron-port-artifact/2"  # 2: graphs without weights, one weights file per rank
 MANIFEST = "manifest.json"
 NEURON_COMPONENTS = ("torch-neuronx", "neuronx-cc", "neuronx-distributed")
-
-
-class ArtifactError(NeuronPortError, ValueError):
-    """An artifact that is missing, corrupt, edited or built for another environment."""
 
 
 # ---- hashing -------------------------------------------------------------------------------
@@ -239,7 +235,6 @@ def verify(directory: str | Path, allow_version_mismatch: bool = False) -> dict[
 
 
 __all__ = [
-    "ArtifactError",
     "host_ranks",
     "FORMAT",
     "file_sha256",

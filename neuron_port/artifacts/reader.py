@@ -11,7 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from neuron_port.artifacts.manifest import ArtifactError, host_ranks
+from neuron_port.artifacts.manifest import host_ranks
+
+from neuron_port.errors import ArtifactError
 from neuron_port.backends import get_backend
 from neuron_port.model.configs import load_config
 from neuron_port.graph.embedding import load_host_embeddings

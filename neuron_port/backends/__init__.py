@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from neuron_port.backends.sdk import NEURON_HINT, BackendUnavailableError, check_backend_tp, require_backend
+from neuron_port.backends.sdk import NEURON_HINT, check_backend_tp, require_backend
+
 from neuron_port.errors import NeuronPortError
 
 
@@ -34,4 +35,4 @@ def get_backend(name: str, **options):
     raise NeuronPortError(f"unknown backend {name!r}; expected cpu, cpu-eager, neuron, nxd or xla")
 
 
-__all__ = ["BackendUnavailableError", "require_backend", "check_backend_tp", "get_backend", "NEURON_HINT"]
+__all__ = ["require_backend", "check_backend_tp", "get_backend", "NEURON_HINT"]

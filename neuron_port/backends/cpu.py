@@ -48,6 +48,10 @@ class CpuBackend:
             return graph
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
+            # TorchScript's module walker reads every attribute of every module's class (dir, then
+            # getattr), transformers' deprecated is_gradient_checkpointing property among them; the
+            # graphs never use it, and the walker has no way to skip an inherited property.
+            warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
             traced = torch.jit.trace(graph, tuple(example_inputs), check_trace=False, strict=False)
             if not self.passes:
                 # Freezing inlines the weights as constants: no attribute lookups per op at run time.

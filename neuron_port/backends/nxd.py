@@ -325,6 +325,6 @@ def load(artifact_dir: Path, tp: int, start_rank: int = 0) -> Any:
     return model
 
 
-__all__ = ["expanded_kv_rows", "host_table_keys", "device_copy", "nxd_checkpoint", "traced_checkpoint", "parallelize_for_nxd", "rank_checkpoints",
+__all__ = ["host_table_keys", "device_copy", "nxd_checkpoint", "traced_checkpoint", "parallelize_for_nxd", "rank_checkpoints",
            "save_rank_checkpoints", "KVResident", "alias_map", "graph_instance", "ResidentKVRunner", "build", "load",
            "TRACED_PREFIX"]

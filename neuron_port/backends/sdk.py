@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from neuron_port.errors import NeuronPortError
+from neuron_port.errors import BackendUnavailableError, NeuronPortError
 
 NEURON_HINT = (
     "install the AWS Neuron SDK on an Inferentia2 host: "
@@ -12,10 +12,6 @@ NEURON_HINT = (
 
 # neuron is ModelBuilder at tp 1 (neuron_port.backends.neuron), so it needs neuronx-distributed too
 _VENDOR_MODULES = {"neuron": ("torch_neuronx", "neuronx_distributed"), "nxd": ("torch_neuronx", "neuronx_distributed")}
-
-
-class BackendUnavailableError(NeuronPortError, ImportError):
-    """A backend whose vendor SDK is not installed."""
 
 
 def require_backend(name: str) -> None:
@@ -39,4 +35,4 @@ def check_backend_tp(name: str, tp: int) -> None:
                               "use --backend nxd (the same ModelBuilder path, any tp) for tensor parallelism")
 
 
-__all__ = ["NEURON_HINT", "BackendUnavailableError", "require_backend", "check_backend_tp"]
+__all__ = ["NEURON_HINT", "require_backend", "check_backend_tp"]

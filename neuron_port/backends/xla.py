@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from neuron_port.backends.hlo_text import HloSummary, summarize
-from neuron_port.backends.sdk import BackendUnavailableError
+from neuron_port.errors import BackendUnavailableError
 from neuron_port.errors import NeuronPortError
 from neuron_port.graph.step import INPUT_NAMES
 

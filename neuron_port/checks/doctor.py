@@ -249,4 +249,4 @@ def format_report(checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Check", "tokenizer_problems", "run_doctor", "report", "format_report"]
+__all__ = ["tokenizer_problems", "run_doctor", "report", "format_report"]

@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from neuron_port.artifacts.manifest import weights_fingerprint
-from neuron_port.errors import NeuronPortError
+from neuron_port.errors import GoldenMismatchError
 
 # top-k -> (atol, rtol) on the reference's top-k logits; None means the whole vocabulary.
 DEFAULT_LOGIT_TOLERANCES: dict[int | None, tuple[float, float]] = {
@@ -33,10 +33,6 @@ DEFAULT_LOGIT_TOLERANCES: dict[int | None, tuple[float, float]] = {
     50: (1e-3, 0.02),
     5: (1e-3, 0.01),
 }
-
-
-class GoldenMismatchError(NeuronPortError, ValueError):
-    """A golden whose checkpoint is not the model under test's."""
 
 
 def _state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -225,7 +221,6 @@ def compare_with_golden(golden: Golden, model: nn.Module, port_tokens: Sequence[
 
 __all__ = [
     "DEFAULT_LOGIT_TOLERANCES",
-    "GoldenMismatchError",
     "reference_generate",
     "teacher_forced_logits",
     "TokenComparison",

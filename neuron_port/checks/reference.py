@@ -16,7 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from neuron_port.artifacts.manifest import ArtifactError, weights_fingerprint
+from neuron_port.artifacts.manifest import weights_fingerprint
+
+from neuron_port.errors import ArtifactError
 from neuron_port.model.configs import load_config_dict
 from neuron_port.model.loading import cast_state, checkpoint_state, parse_dtype
 from neuron_port.errors import ConfigError

@@ -19,7 +19,9 @@ from typing import Any, Sequence
 
 from torch import nn
 
-from neuron_port.artifacts.manifest import ArtifactError, verify
+from neuron_port.artifacts.manifest import verify
+
+from neuron_port.errors import ArtifactError
 from neuron_port.checks.reference import reference_model
 from neuron_port.model.configs import load_config
 from neuron_port.families import family_for

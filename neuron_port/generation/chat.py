@@ -23,6 +23,7 @@ from typing import Any
 
 from neuron_port.families import DecoderFamily
 from neuron_port.generation.prompts import bos_prefix
+from neuron_port.errors import TemplateError
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
@@ -71,10 +72,6 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
-
-
-class TemplateError(ValueError):
-    """A chat template that raised (``raise_exception``) or failed to render."""
 
 
 def _raise(message: str) -> None:
@@ -204,5 +201,4 @@ def stop_token_ids(model_dir: str | Path | None, eos: tuple[int, ...], chat: boo
     return list(dict.fromkeys(ids))
 
 
-__all__ = ["CHAT_TEMPLATE_FILE", "chat_format_of", "stop_token_ids", "special_tokens", "tokenizer_config", "generation_config", "generation_eos_ids", "chat_template", "TemplateError",
-           "render_template", "ChatFormat", "chat_format"]
+__all__ = ["CHAT_TEMPLATE_FILE", "chat_format_of", "stop_token_ids", "special_tokens", "tokenizer_config", "generation_config", "generation_eos_ids", "chat_template", "render_template", "ChatFormat", "chat_format"]

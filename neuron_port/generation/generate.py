@@ -25,7 +25,9 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from neuron_port.artifacts.manifest import ArtifactError, verify
+from neuron_port.artifacts.manifest import verify
+
+from neuron_port.errors import ArtifactError
 from neuron_port.artifacts.reader import artifact_setup, load_rank_port
 from neuron_port.model.layout import describe
 from neuron_port.graph.port import Port

@@ -13,15 +13,11 @@ from typing import Any
 
 import torch
 
-from neuron_port.errors import NeuronPortError
+from neuron_port.errors import PromptError
 from neuron_port.model.tokenizer import load_tokenizer
 
 RANDOM_PROMPT_SEED_OFFSET = 1000
 FIRST_ORDINARY_ID = 3  # ids below are the demo tokenizer's pad, eos and bos
-
-
-class PromptError(NeuronPortError, ValueError):
-    """A prompt that cannot be built as asked."""
 
 
 def bos_prefix(tokenizer: Any, bos_id: int | None) -> list[int]:
@@ -53,4 +49,4 @@ def text_prompt(tokenizer_dir: str | Path, text: str) -> list[int]:
     return tok.encode(text).ids
 
 
-__all__ = ["PromptError", "bos_prefix", "random_prompt", "text_prompt"]
+__all__ = ["bos_prefix", "random_prompt", "text_prompt"]

@@ -236,5 +236,4 @@ def greedy_generate(
     )
 
 
-__all__ = ["GenerationParams", "TokenEvent", "Completion", "BatchRun", "Generator", "GreedyResult", "greedy_generate",
-           "RowState", "pad_prompts", "pick_tokens", "grow_if_full"]
+__all__ = ["BatchRun", "Generator", "GreedyResult", "greedy_generate", "pad_prompts", "pick_tokens", "grow_if_full"]

@@ -29,12 +29,7 @@ from neuron_port.graph import attention
 from neuron_port.families import family_of
 from neuron_port.graph.kv import KVStoreSpec, onehot_write, scatter_write_
 from neuron_port.graph.shapes import StoreShapes
-from neuron_port.graph.step import INPUT_NAMES, kv_aliases
-
-FIRST_KV_INPUT = len(INPUT_NAMES)
-"""Deprecated (kept for one release): index of the first KV input. Use :class:`~neuron_port.graph.step.StepInputs`
-and :class:`~neuron_port.graph.kv.KVStore` instead of positional indices."""
-
+from neuron_port.graph.step import kv_aliases
 
 class OneHotCache:
     """Hugging Face cache protocol over the static store (built fresh inside each forward).
@@ -88,6 +83,11 @@ class StaticLMGraph(nn.Module):
         super().__init__()
         self.family = family_of(model)
         self.family.use_attention(model, attention.register())
+        for module in model.modules():
+            if getattr(module, "loss_type", "") is None:
+                # what transformers' loss_function falls back to (after logging that loss_type is unset)
+                # when anything reads it, as TorchScript's module walker does; the graphs compute no loss
+                module.loss_type = "ForCausalLM"
         self.model = model
         self.spec = spec
         self.prefill = prefill
@@ -176,5 +176,5 @@ def build_graphs(model: nn.Module, stores: StoreShapes, kv_expand: Mapping[int, 
     return GraphSet(prefill, decode)
 
 
-__all__ = ["INPUT_NAMES", "FIRST_KV_INPUT", "OneHotCache", "StaticLMGraph", "PrefillGraph", "DecodeGraph",
+__all__ = ["OneHotCache", "StaticLMGraph", "PrefillGraph", "DecodeGraph",
            "GraphSet", "build_graphs"]

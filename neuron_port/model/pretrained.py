@@ -24,13 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from neuron_port.errors import NeuronPortError
+from neuron_port.errors import PretrainedUnavailableError
 
 CACHE_ENV = "NEURON_PORT_CACHE"
-
-
-class PretrainedUnavailableError(NeuronPortError, RuntimeError):
-    """A real checkpoint whose package (or the GGUF readers) is not installed."""
 
 
 def _smollm2_gguf(work: Path) -> Path:
@@ -168,5 +164,5 @@ def _write_hf_dir(gguf_file: Path, out: Path) -> None:
     shutil.rmtree(out / ".cache", ignore_errors=True)
 
 
-__all__ = ["PRETRAINED", "PretrainedSpec", "PretrainedUnavailableError", "CACHE_ENV", "cache_root", "cache_key",
+__all__ = ["PRETRAINED", "PretrainedSpec", "CACHE_ENV", "cache_root", "cache_key",
            "unavailable_reason", "pretrained_dir"]

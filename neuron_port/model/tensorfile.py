@@ -21,7 +21,7 @@ from typing import Iterable
 
 import torch
 
-from neuron_port.errors import NeuronPortError
+from neuron_port.errors import TensorFileError
 
 DTYPES = {
     "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
@@ -29,10 +29,6 @@ DTYPES = {
 }
 _MAX_HEADER = 100 * 2**20
 _CHUNK = 64 * 2**20
-
-
-class TensorFileError(NeuronPortError, ValueError):
-    """A safetensors file that is truncated, malformed or lacks what was asked for."""
 
 
 def read_header(path: str | Path) -> tuple[dict[str, dict], int]:
@@ -97,4 +93,4 @@ def read_tensors(path: str | Path, names: Iterable[str],
     return out
 
 
-__all__ = ["DTYPES", "TensorFileError", "read_header", "read_tensors"]
+__all__ = ["DTYPES", "read_header", "read_tensors"]

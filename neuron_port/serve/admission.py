@@ -12,7 +12,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
-from neuron_port.errors import BucketError
+from neuron_port.errors import BucketError, Rejected
 from neuron_port.generation.request_state import GenerationParams
 from neuron_port.generation.sampling import SamplingParams
 from neuron_port.serve.loading import Served
@@ -20,14 +20,6 @@ from neuron_port.serve.schemas import ChatRequest, CommonFields
 from neuron_port.graph.shapes import select_bucket
 
 DEFAULT_MAX_TOKENS = 16
-
-
-class Rejected(Exception):
-    """A request refused before it reaches the engine: status, message, error type, parameter."""
-
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
 
 
 @dataclass(frozen=True)
@@ -125,4 +117,4 @@ def admit(served: Served, body: CommonFields, chat: bool) -> Admitted:
     return Admitted(ids, choices, logprobs)
 
 
-__all__ = ["DEFAULT_MAX_TOKENS", "Rejected", "Admitted", "prompt_ids", "admit"]
+__all__ = ["DEFAULT_MAX_TOKENS", "Admitted", "prompt_ids", "admit"]

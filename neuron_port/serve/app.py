@@ -25,9 +25,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from neuron_port.serve.engine import QueueFull, Request
+from neuron_port.serve.engine import Request
+
+from neuron_port.errors import QueueFull
 from neuron_port.errors import NeuronPortError
-from neuron_port.serve.admission import Rejected, admit
+from neuron_port.serve.admission import admit
+from neuron_port.errors import Rejected
 from neuron_port.serve.http import BodyLimit, FrontDoor, documented_openapi, validation_message
 from neuron_port.serve.loading import Served
 from neuron_port.serve.metrics import UNMATCHED, Metrics, render_metrics, route_label
@@ -203,4 +206,4 @@ def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_timeout
         state["served"].engine.close()  # a tensor-parallel artifact's follower ranks leave with it
 
 
-__all__ = ["ServerApp", "build_app", "serve", "error", "DEFAULT_BODY_LIMIT"]
+__all__ = ["ServerApp", "build_app", "serve", "DEFAULT_BODY_LIMIT"]

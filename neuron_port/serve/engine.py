@@ -24,12 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from neuron_port.generation.slots import SlotBatch
-from neuron_port.errors import NeuronPortError
-from neuron_port.generation.static_batch import GenerationParams, Generator, TokenEvent
-
-
-class QueueFull(NeuronPortError, RuntimeError):
-    pass
+from neuron_port.errors import NeuronPortError, QueueFull
+from neuron_port.generation.request_state import GenerationParams, TokenEvent
+from neuron_port.generation.static_batch import Generator
 
 
 @dataclass
@@ -239,4 +236,4 @@ class StaticEngine(_Worker):
             self.running = 0
 
 
-__all__ = ["Engine", "StaticEngine", "Request", "QueueFull"]
+__all__ = ["Engine", "StaticEngine", "Request"]

@@ -54,7 +54,8 @@ def _device_bytes(out: Path, model, setup) -> dict:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from neuron_port.artifacts.manifest import ArtifactError, verify
+    from neuron_port.artifacts.manifest import verify
+    from neuron_port.errors import ArtifactError
     from neuron_port.checks.reference import reference_model
     from neuron_port.generation.chat import stop_token_ids
     from neuron_port.model.tokenizer import decode_completion

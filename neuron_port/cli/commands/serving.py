@@ -6,11 +6,7 @@ import argparse
 import functools
 
 from neuron_port.cli.commands.common import add_dtype_option, int_list
-from neuron_port.errors import NeuronPortError
-
-
-class MissingExtraError(NeuronPortError, ImportError):
-    """An optional extra the command needs is not installed."""
+from neuron_port.errors import MissingExtraError
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -46,4 +42,4 @@ def add(sub) -> None:
     p.set_defaults(func=_cmd_serve)
 
 
-__all__ = ["add", "MissingExtraError"]
+__all__ = ["add"]
