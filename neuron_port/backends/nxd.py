@@ -58,10 +58,10 @@ def host_table_keys(model: nn.Module) -> list[str]:
     return [k for k in (family.word_embedding_key(), family.per_layer_embedding_key()) if k is not None]
 
 
-def _lm_head(model: nn.Module) -> nn.Linear:
-    head = getattr(model, "lm_head", None)
+def _lm_head(model: nn.Module) -> nn.Module:
+    head = family_of(model).head_module(model)
     if getattr(head, "weight", None) is None:
-        raise ShardingError(f"{type(model).__name__} has no lm_head module with a weight; the nxd backend gives the "
+        raise ShardingError(f"{type(model).__name__} has no head module with a weight; the nxd backend gives the "
                             "device its own head (untied from the host's word table) in that module")
     return head
 

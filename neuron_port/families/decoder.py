@@ -308,11 +308,15 @@ class DecoderFamily:
     def per_layer_embedding(self, model: nn.Module) -> nn.Embedding | None:
         return None
 
+    def head_module(self, model: nn.Module) -> nn.Module | None:
+        """The CausalLM's head module (tied or not), or None for a model without one."""
+        return getattr(model, "lm_head", None)
+
     def lm_head_weight(self, model: nn.Module) -> torch.Tensor:
         """[vocab, hidden]: the graphs end at ``hidden @ lm_head_weight.T`` (raw logits). A family
         whose forward scales the logits after the head (Granite divides by ``logits_scaling``)
         folds that scale in here; a softcap goes in :meth:`softcap` (applied on the host)."""
-        head = getattr(model, "lm_head", None)
+        head = self.head_module(model)
         return head.weight if head is not None else self.word_embedding(model).weight
 
     def attention_mask_argument(self, masks: dict[str, torch.Tensor]) -> Any:
