@@ -277,3 +277,22 @@ def test_every_error_class_is_in_errors_py_and_a_neuron_port_error():
     classes = [v for v in vars(errors).values() if isinstance(v, type) and issubclass(v, BaseException)]
     assert len(classes) >= 18
     assert all(issubclass(c, errors.NeuronPortError) for c in classes)
+
+
+def test_the_engines_import_without_the_serve_extra():
+    """serve.engine and serve.lockstep run in environments without FastAPI (the torch-xla stage)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "sys.modules['fastapi'] = None\n"  # makes any import of it fail
+            "sys.modules['uvicorn'] = None\n"
+            "import neuron_port.serve.engine, neuron_port.serve.lockstep\n"
+            "import neuron_port.serve as serve\n"
+            "try:\n"
+            "    serve.build_app\n"
+            "except ImportError:\n"
+            "    sys.exit(0)\n"
+            "sys.exit(3)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -16,10 +16,25 @@ decoded with continuous batching (:mod:`neuron_port.generation.slots`).
 
 from __future__ import annotations
 
-from neuron_port.serve.app import ServerApp, build_app, serve
-from neuron_port.generation.chat import ChatFormat, chat_format
-from neuron_port.serve.loading import Served, load_served
-from neuron_port.serve.metrics import Metrics, render_metrics
+from importlib import import_module
+from typing import Any
 
-__all__ = ["ServerApp", "Served", "ChatFormat", "Metrics", "build_app", "load_served", "serve", "chat_format",
-           "render_metrics"]
+# Imported on first use: the engines (serve.engine, serve.lockstep) run without the serve extra, and
+# importing one of them must not import FastAPI through this package.
+_PUBLIC = {
+    "ServerApp": "neuron_port.serve.app", "build_app": "neuron_port.serve.app", "serve": "neuron_port.serve.app",
+    "ChatFormat": "neuron_port.generation.chat", "chat_format": "neuron_port.generation.chat",
+    "Served": "neuron_port.serve.loading", "load_served": "neuron_port.serve.loading",
+    "Metrics": "neuron_port.serve.metrics", "render_metrics": "neuron_port.serve.metrics",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'neuron_port.serve' has no attribute {name!r}")
+    value = getattr(import_module(_PUBLIC[name]), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = sorted(_PUBLIC)
