@@ -23,7 +23,9 @@ Formulas (all bytes; ``b`` = bytes per element of the dtype):
 * Compile host RAM = tp x (per-core device weights at the plan's dtype) x ``COMPILER_EXPANSION``
   + every parameter at b x ``HOST_BUILD_COPIES`` (the model the build loads, plus what tracing
   every graph key adds on the host: measured at 2.0x the weight bytes by
-  ``benchmarks/nxd_build_memory.py``, against 5.6x when each key deep-copied the model).
+  ``benchmarks/nxd_build_memory.py``, against 5.6x when each key deep-copied the model; measured
+  on an E2B-shaped model with four keys, where the tables are a large share: NxD's parallel layers
+  allocate every key's projections anew, so a model that is mostly projections adds more per key).
   ``COMPILER_EXPANSION`` is calibrated on the one anchor there is (a bf16 E4B TP=2 compile peaked
   past 128 GB and needed >= 55 GB of swap); the factor reproduces that swap figure, other sizes
   extrapolate from the single point.

@@ -18,7 +18,7 @@ import pytest
 
 from neuron_port.backends.neuron import IN_PROCESS_REFUSAL, NeuronBackend, compiler_args
 from neuron_port.backends.nxd_artifact import NxdBackend
-from neuron_port.errors import NeuronPortError
+from neuron_port.errors import ArtifactError, NeuronPortError
 from tests.helpers import run_cli_process, standin_env
 
 SHAPE = ["--buckets", "8,16", "--kv-lens", "32"]
@@ -70,9 +70,12 @@ def test_port_backend_neuron_is_refused_with_the_artifact_commands():
     assert "neuron-port generate DIR" in IN_PROCESS_REFUSAL
 
 
-def test_the_backend_loads_what_nxd_loads_and_keeps_its_compiler_args():
+def test_the_backend_loads_what_nxd_loads_and_refuses_an_earlier_per_graph_artifact(tmp_path):
     assert issubclass(NeuronBackend, NxdBackend) and NeuronBackend.name == "neuron"
-    assert NeuronBackend("matmult").args == compiler_args("matmult")
+    (tmp_path / "decode_32.pt").write_bytes(b"an earlier per-graph trace")
+    with pytest.raises(ArtifactError, match="rebuild it with 'neuron-port compile MODEL --backend neuron"):
+        NeuronBackend().load_graphs(tmp_path, ["decode_32.pt"], {})
+    assert compiler_args("matmult")[-1] == "matmult"
 
 
 def test_a_neuron_artifact_takes_one_core_and_one_kv_length(tmp_path):

@@ -205,3 +205,17 @@ def test_the_device_copy_drops_host_tables_unties_the_head_and_shares_the_rest()
     # the original is untouched: tables, tied head, values
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("name,refusal", [("qwen2", "have a bias"), ("phi-3", "fuses its projections")])
+def test_models_the_nxd_layers_cannot_carry_are_refused_before_tracing(name, refusal):
+    """Qwen2's q/k/v biases would be dropped by bias-free parallel layers (wrong logits), Phi-3's fused
+    projections have no one-layer-per-role swap: both refused by name; Gemma-4 and Llama pass."""
+    from neuron_port.errors import ShardingError
+
+    model = build_model(load_config(name, tiny=True), seed=0)
+    with pytest.raises(ShardingError, match=refusal):
+        nxd.check_nxd_supported(model, RankSetup.for_layout(describe(model), 1))
+    for ok in ("gemma-4-e2b", "llama"):
+        model = build_model(load_config(ok, tiny=True), seed=0)
+        nxd.check_nxd_supported(model, RankSetup.for_layout(describe(model), 1))

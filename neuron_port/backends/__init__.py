@@ -11,7 +11,7 @@ def get_backend(name: str, **options):
     """A backend by name: ``cpu`` (TorchScript-traced), ``cpu-eager``, ``neuron``, ``xla``.
 
     ``options`` go to the backend's constructor (``cpu``: ``passes=False`` keeps the traced graph
-    as traced; ``neuron``: ``auto_cast``; ``xla``: ``setup``, the rank setup to run as SPMD).
+    as traced; ``xla``: ``setup``, the rank setup to run as SPMD).
     neuronx-distributed's ModelBuilder (``nxd``, :mod:`neuron_port.backends.nxd_artifact`) builds a
     whole artifact at once rather than graph by graph (:func:`neuron_port.artifacts.writer.write_artifact`
     calls it); its backend object loads such an artifact's graphs."""

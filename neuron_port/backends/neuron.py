@@ -50,9 +50,6 @@ class NeuronBackend(NxdBackend):
 
     name = "neuron"
 
-    def __init__(self, auto_cast: str = "none"):
-        self.args = compiler_args(auto_cast)
-
     def compile(self, graph, example_inputs, aliases, options=None):
         raise NeuronPortError(IN_PROCESS_REFUSAL)
 

@@ -72,12 +72,13 @@ def nxd_checkpoint(model: nn.Module, setup: RankSetup, layer_dtype: torch.dtype 
     setup's plan, buffers included, optionally cast to the layer dtype (bf16 halves the neff)."""
     layout, plan = setup.layout, setup.plan
     family = layout.family
-    state = checkpoint_state(model)
+    state = checkpoint_state(model, clone=False)
     for name, buf in persistent_buffers(model).items():
-        state[name] = buf.detach().clone()  # NxD loads parameters only: carry the buffers explicitly
-    state[family.lm_head_key()] = _lm_head(model).weight.detach().clone()
+        state[name] = buf.detach()  # NxD loads parameters only: carry the buffers explicitly
+    state[family.lm_head_key()] = _lm_head(model).weight.detach()
     tables = tuple(key.rpartition(".")[0] + "." for key in host_table_keys(model))
-    state = {k: v for k, v in state.items() if not k.startswith(tables)}  # weights and any buffer of theirs
+    # the host tables (weights and any buffer of theirs) are left out before anything is copied
+    state = {k: v.clone() for k, v in state.items() if not k.startswith(tables)}
     for spec, layer in zip(layout.layers, family.decoder_layers(model)):
         proj = family.attention_projections(family.attention(layer))
         for role in ("k", "v"):
@@ -124,6 +125,26 @@ def device_copy(model: nn.Module) -> nn.Module:
             parent, _, leaf = paths[id(table)].rpartition(".")
             setattr(copy_.get_submodule(parent) if parent else copy_, leaf, None)
     return copy_
+
+
+def check_nxd_supported(model: nn.Module, setup: RankSetup) -> None:
+    """Refuse, before any tracing, a model the nxd layers cannot carry: fused projections, projections
+    with a bias (the parallel layers are built without one, so a bias would be dropped and the logits
+    wrong), or a plan whose ranks straddle KV groups."""
+    family = setup.layout.family
+    if family.fused_projections:
+        raise ShardingError(f"the {family.name} adapter fuses its projections; the nxd backend swaps one "
+                            "parallel layer per role and supports unfused families only")
+    for spec, layer in zip(setup.layout.layers, family.decoder_layers(model)):
+        attn, mlp = family.layer_projections(layer, spec.index)
+        biased = [role for role, module in {**attn, **mlp}.items() if getattr(module, "bias", None) is not None]
+        if biased:
+            raise ShardingError(f"layer {spec.index}'s {', '.join(biased)} projections have a bias ({family.name}); the "
+                                "nxd backend's parallel layers carry none, and dropping it would change the logits: "
+                                "not supported on nxd or neuron yet (use the cpu or xla backends)")
+        if not setup.plan.layers[spec.index].plan.uniform:
+            raise ShardingError(f"layer {spec.index}: {spec.n_q} q / {spec.n_kv} kv at tp {setup.tp} straddles KV groups; "
+                                "the nxd backend supports shard and replicate plans only")
 
 
 def parallelize_for_nxd(model: nn.Module, setup: RankSetup, dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -325,6 +346,6 @@ def load(artifact_dir: Path, tp: int, start_rank: int = 0) -> Any:
     return model
 
 
-__all__ = ["host_table_keys", "device_copy", "nxd_checkpoint", "traced_checkpoint", "parallelize_for_nxd", "rank_checkpoints",
+__all__ = ["host_table_keys", "check_nxd_supported", "device_copy", "nxd_checkpoint", "traced_checkpoint", "parallelize_for_nxd", "rank_checkpoints",
            "save_rank_checkpoints", "KVResident", "alias_map", "graph_instance", "ResidentKVRunner", "build", "load",
            "TRACED_PREFIX"]

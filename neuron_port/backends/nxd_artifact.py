@@ -25,10 +25,10 @@ import torch
 from torch import nn
 
 from neuron_port.backends.base import check_single_kv_length
-from neuron_port.backends.nxd import (KVResident, ResidentKVRunner, build, device_copy, load, parallelize_for_nxd,
-                                      traced_checkpoint)
+from neuron_port.backends.nxd import (KVResident, ResidentKVRunner, build, check_nxd_supported, device_copy, load,
+                                      parallelize_for_nxd, traced_checkpoint)
 from neuron_port.graph.embedding import HostEmbeddings
-from neuron_port.errors import NeuronPortError
+from neuron_port.errors import ArtifactError, NeuronPortError
 from neuron_port.graph.graphs import DecodeGraph, PrefillGraph
 from neuron_port.graph.host_inputs import HostInputs
 from neuron_port.parallel.ranks import RankSetup
@@ -64,6 +64,7 @@ def write_nxd_rank(rank_dir: Path, model: nn.Module, setup: RankSetup, shape: Po
     Returns what the manifest records of the host rank: the KV layout of its host-side placeholder
     store (the whole model's, as a tp 1 rank sees it) and the facts of its runners."""
     check_single_kv_length(shape.kv_lens, "nxd")
+    check_nxd_supported(model, setup)
     local = shape.stores(setup.layout, setup.plan.local_kv_heads(0))  # every rank's store (uniform plans only)
     inputs = HostInputs(setup.layout, local, HostEmbeddings.from_model(model))
     graphs, keys = {}, {}
@@ -107,7 +108,12 @@ class NxdBackend:
 
     def load_graphs(self, rank_dir: Path, files: list[str], host: Mapping[str, torch.Tensor]) -> dict[str, ResidentKVRunner]:
         """The executor loaded once and initialised with every core's shard; one runner per graph file."""
-        recorded = json.loads((Path(rank_dir) / GRAPHS_FILE).read_text())
+        graphs_file = Path(rank_dir) / GRAPHS_FILE
+        if not graphs_file.is_file():
+            raise ArtifactError(f"{graphs_file} is missing: this {self.name} artifact was not written by ModelBuilder (an "
+                                f"earlier neuron backend traced each graph on its own); rebuild it with "
+                                f"'neuron-port compile MODEL --backend {self.name} --out DIR'")
+        recorded = json.loads(graphs_file.read_text())
         missing = [f for f in files if f not in recorded["graphs"]]
         if missing:
             raise NeuronPortError(f"{rank_dir / GRAPHS_FILE}: expected graphs {files}, found {sorted(recorded['graphs'])}")

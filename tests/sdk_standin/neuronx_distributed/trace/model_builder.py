@@ -179,6 +179,7 @@ class ModelBuilder:
         nxd_model.initialize([self.first_state], torch.tensor([0], dtype=torch.int32))
         executor = torch.jit.trace(NxDModelExecutor(nxd_model), tuple(first), strict=False, check_trace=False)
         executor.nxd_model.weights = [torch.zeros(0)]  # traced without weights: initialize brings them
+        executor.nxd_model.device_tensors = {"": torch.zeros(0)}
         return executor
 
     def shard_checkpoint(self, serialize_path=None):
