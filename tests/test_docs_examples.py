@@ -91,3 +91,10 @@ def test_api_reference_lists_every_module_and_name_the_docs_use():
         problems += [f"{module}.{name} is not in its __all__" for name in sorted(names) if name not in public]
     assert not problems, problems
 
+
+def test_ci_runs_the_readmes_test_command_verbatim():
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("Run the tests"):]
+    command = block[block.index("```bash\n") + len("```bash\n"):block.index("\n```", block.index("```bash"))]
+    assert len(command.splitlines()) == 1 and "python -m pytest" in command, command
+    assert command in (ROOT / ".ci" / "run").read_text().splitlines()
