@@ -21,15 +21,11 @@ from tests.helpers import run_cli_process, standin_env
 SHAPE = ["--buckets", "8,16", "--kv-lens", "32"]
 
 
-def _env(**extra: str) -> dict[str, str]:
-    return standin_env(**extra)
-
-
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("nxd") / "A"
     res = run_cli_process("compile", "gemma-4-e2b", "--tiny", "--backend", "nxd", *SHAPE, "--out", str(out), "--json",
-                          env=_env())
+                          env=standin_env())
     assert res.returncode == 0, res.stderr[-3000:]
     return out, json.loads(res.stdout)
 
@@ -83,7 +79,7 @@ def _compile_with(plant: str, out: Path, *extra: str):
             "from neuron_port.cli.command import main\n"
             "sys.exit(main(sys.argv[1:]))\n")
     args = ["compile", "gemma-4-e2b", "--tiny", "--backend", "nxd", *SHAPE, *extra, "--out", str(out)]
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=_env(), timeout=600)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=standin_env(), timeout=600)
 
 
 @pytest.mark.parametrize("plant,refusal", [("host tables", "tensors the traced module does not have"),
@@ -100,17 +96,17 @@ def test_the_strict_stand_in_casts_parameters_only(tmp_path):
     out = tmp_path / "A"
     res = _compile_with(_PLANTS["float32 buffers"], out, "--dtype", "bf16")
     assert res.returncode == 0, res.stderr[-2000:]
-    refused = run_cli_process("generate", str(out), "--prompt-len", "4", "--max-new-tokens", "2", env=_env())
+    refused = run_cli_process("generate", str(out), "--prompt-len", "4", "--max-new-tokens", "2", env=standin_env())
     assert refused.returncode != 0 and "not in the dtype the graph was traced with" in refused.stderr
     good = tmp_path / "B"
     assert run_cli_process("compile", "gemma-4-e2b", "--tiny", "--backend", "nxd", *SHAPE, "--dtype", "bf16", "--out",
-                           str(good), env=_env()).returncode == 0
-    assert run_cli_process("generate", str(good), "--prompt-len", "4", "--max-new-tokens", "2", env=_env()).returncode == 0
+                           str(good), env=standin_env()).returncode == 0
+    assert run_cli_process("generate", str(good), "--prompt-len", "4", "--max-new-tokens", "2", env=standin_env()).returncode == 0
 
 
 def _generate(artifact: Path) -> dict:
     res = run_cli_process("generate", str(artifact), "--prompt-len", "10", "--max-new-tokens", "12", "--check", "--json",
-                          env=_env())
+                          env=standin_env())
     assert res.returncode in (0, 1), res.stderr[-3000:]
     return json.loads(res.stdout)
 
@@ -137,7 +133,7 @@ def test_nxd_artifact_generates_the_reference_from_a_fresh_process(nxd_artifact)
 def test_an_e4b_nxd_artifact_generates_the_reference(tmp_path):
     out = tmp_path / "E4B"
     res = run_cli_process("compile", "gemma-4-e4b", "--tiny", "--backend", "nxd", *SHAPE, "--out", str(out), "--json",
-                          env=_env())
+                          env=standin_env())
     assert res.returncode == 0, res.stderr[-3000:]
     assert abs(json.loads(res.stdout)["shard_to_plan"] - 1) < 0.02
     checked = _generate(out)
@@ -148,7 +144,7 @@ def test_the_check_fails_when_the_graphs_do_not_share_the_store(tmp_path):
     """The stand-in made to give each graph its own state: decode reads a store prefill never wrote."""
     out = tmp_path / "A"
     res = run_cli_process("compile", "gemma-4-e2b", "--tiny", "--backend", "nxd", *SHAPE, "--out", str(out),
-                          env=_env(NEURON_PORT_STANDIN_PRIVATE_STATE="1"))
+                          env=standin_env(NEURON_PORT_STANDIN_PRIVATE_STATE="1"))
     assert res.returncode == 0, res.stderr[-3000:]
     checked = _generate(out)
     assert checked["self_checks_passed"] is False
@@ -157,7 +153,7 @@ def test_the_check_fails_when_the_graphs_do_not_share_the_store(tmp_path):
 
 def test_nxd_artifact_takes_one_kv_length(tmp_path):
     res = run_cli_process("compile", "gemma-4-e2b", "--tiny", "--backend", "nxd", "--buckets", "8", "--kv-lens", "16,32",
-                          "--out", str(tmp_path / "A"), env=_env())
+                          "--out", str(tmp_path / "A"), env=standin_env())
     assert res.returncode != 0
     assert "one KV length" in res.stderr and "[16, 32]" in res.stderr
     assert not (tmp_path / "A").exists()

@@ -90,10 +90,6 @@ def nxd_checkpoint(model: nn.Module, setup: RankSetup, layer_dtype: torch.dtype 
     return state
 
 
-def _module_paths(model: nn.Module) -> dict[int, str]:
-    return {id(module): name for name, module in model.named_modules() if name}
-
-
 def device_copy(model: nn.Module) -> nn.Module:
     """A copy of ``model`` as a device graph holds it, sharing the original's tensors: the host
     tables removed (their modules set to None), the LM head a parameter of its own (the same memory
@@ -117,13 +113,12 @@ def device_copy(model: nn.Module) -> nn.Module:
                 memo[id(param)] = nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=False)
     head = _lm_head(model).weight
     memo[id(head)] = nn.Parameter(head.detach(), requires_grad=False)
-    copy_ = copy.deepcopy(model, memo)
-    _lm_head(copy_).weight = nn.Parameter(head.detach(), requires_grad=False)  # its own, untied
-    paths = _module_paths(copy_)
+    copy_ = copy.deepcopy(model, memo)  # the head is now its own parameter, once the tables go
+    paths = {id(module): name for name, module in copy_.named_modules()}
     for table in (family.word_embedding(copy_), family.per_layer_embedding(copy_)):
         if table is not None:
             parent, _, leaf = paths[id(table)].rpartition(".")
-            setattr(copy_.get_submodule(parent) if parent else copy_, leaf, None)
+            setattr(copy_.get_submodule(parent), leaf, None)
     return copy_
 
 
@@ -158,17 +153,12 @@ def parallelize_for_nxd(model: nn.Module, setup: RankSetup, dtype: torch.dtype =
     require_backend("nxd")
     from neuronx_distributed.parallel_layers import ColumnParallelLinear, RowParallelLinear
 
+    check_nxd_supported(model, setup)
     layout, plan, tp = setup.layout, setup.plan, setup.tp
     family = layout.family
-    if family.fused_projections:
-        raise ShardingError(f"the {family.name} adapter fuses its projections; the nxd backend swaps one "
-                            "parallel layer per role and supports unfused families only")
     h = layout.hidden_size
     for spec, layer in zip(layout.layers, family.decoder_layers(model)):
         heads = plan.layers[spec.index].plan
-        if not heads.uniform:
-            raise ShardingError(f"layer {spec.index}: {spec.n_q} q / {spec.n_kv} kv at tp {tp} straddles KV groups; "
-                                "the nxd backend supports shard and replicate plans only")
         d, local_kv = spec.head_dim, len(heads.ranks[0].kv_heads)
         attn = family.attention(layer)
         proj = family.attention_projections(attn)

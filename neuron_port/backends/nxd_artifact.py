@@ -34,6 +34,7 @@ from neuron_port.graph.host_inputs import HostInputs
 from neuron_port.parallel.ranks import RankSetup
 from neuron_port.graph.runners import runner_file
 from neuron_port.graph.shapes import PortShape, StoreShapes
+from neuron_port.model.tensorfile import read_header
 
 GRAPHS_FILE = "nxd_graphs.json"
 
@@ -89,10 +90,8 @@ def shard_bytes(rank_dir: Path) -> list[int]:
     tp = int(json.loads((Path(rank_dir) / GRAPHS_FILE).read_text())["tp"])
     out = []
     for r in range(tp):
-        with open(Path(rank_dir) / "weights" / f"tp{r}_sharded_checkpoint.safetensors", "rb") as f:
-            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-        out.append(sum(end - start for name, entry in header.items() if name != "__metadata__"
-                       for start, end in [entry["data_offsets"]]))
+        entries, _ = read_header(Path(rank_dir) / "weights" / f"tp{r}_sharded_checkpoint.safetensors")
+        out.append(sum(entry["data_offsets"][1] - entry["data_offsets"][0] for entry in entries.values()))
     return out
 
 
