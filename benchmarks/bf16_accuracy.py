@@ -32,6 +32,7 @@ import time
 import torch
 
 from neuron_port.generation.generate import generate
+from neuron_port.generation.request import GenerationRequest
 from neuron_port.model.layout import describe
 from neuron_port.model.loading import load_model_dir
 from neuron_port.checks.oracle import reference_generate
@@ -112,7 +113,7 @@ def measure(name: str, prompts: tuple[str, ...], new_tokens: int) -> dict:
         prompt = text_prompt(directory, text)
         want = reference_generate(reference, prompt, new_tokens)["tokens"]
         for dtype, port in ports.items():
-            got = generate(port, [prompt], new_tokens, keep_logits=True)
+            got = generate(port, GenerationRequest.greedy([prompt], new_tokens, keep_logits=True))
             tokens = got.tokens[0]
             errors[dtype] += _step_errors(reference, prompt, tokens, got.step_logits, cap)
             rows[dtype].append(_agreement(tokens, want))

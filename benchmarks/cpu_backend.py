@@ -27,7 +27,8 @@ from neuron_port import describe, load_config
 from neuron_port.backends import get_backend
 from neuron_port.backends.static_graph_passes import node_count
 from neuron_port.model.loading import build_model
-from neuron_port.generation.static_batch import greedy_generate
+from neuron_port.generation.generate import generate
+from neuron_port.generation.request import GenerationRequest
 from neuron_port.graph.port import Port
 
 SIDES = {"eager": ("cpu-eager", {}), "compiled_torchscript_unoptimized": ("cpu", {"passes": False}),
@@ -35,7 +36,7 @@ SIDES = {"eager": ("cpu-eager", {}), "compiled_torchscript_unoptimized": ("cpu",
 
 
 def _decode_ms_per_token(port: Port, prompt, tokens: int) -> float:
-    result = greedy_generate(port, [prompt], tokens)
+    result = generate(port, GenerationRequest.greedy([prompt], tokens))
     return result.decode_s / max(1, result.decode_steps) * 1e3
 
 
@@ -67,7 +68,7 @@ def main() -> None:
         t0 = time.perf_counter()
         port.compile(backends[side])
         compile_s[side] = time.perf_counter() - t0
-        tokens[side] = greedy_generate(port, [prompt], args.tokens).tokens  # also the warm-up run
+        tokens[side] = generate(port, GenerationRequest.greedy([prompt], args.tokens)).tokens  # also the warm-up run
         ports[side] = port
     best = {side: float("inf") for side in SIDES}
     for _ in range(args.repeats):

@@ -36,7 +36,8 @@ from neuron_port.model.configs import load_config_dict, tiny_config_dict
 from neuron_port.families import family_for
 from neuron_port.families.decoder import TINY_INITIALIZER_RANGE
 from neuron_port.model.loading import build_model, force_eager
-from neuron_port.generation.static_batch import greedy_generate
+from neuron_port.generation.generate import generate
+from neuron_port.generation.request import GenerationRequest
 from neuron_port.graph.port import Port
 
 MID = {"hidden_size": 64, "intermediate_size": 256, "vocab_size": 8192, "vocab_size_per_layer_input": 8192}
@@ -79,7 +80,7 @@ def hf_decode(model, prompt: list[int], tokens: int) -> tuple[float, list[int]]:
 
 
 def port_decode(port: Port, prompt: list[int], tokens: int) -> tuple[float, list[int]]:
-    result = greedy_generate(port, [prompt], tokens)
+    result = generate(port, GenerationRequest.greedy([prompt], tokens))
     return result.decode_steps / result.decode_s, result.tokens[0]
 
 

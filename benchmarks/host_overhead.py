@@ -27,8 +27,8 @@ import torch
 from neuron_port import describe, load_config
 from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.graph.port import Port
-from neuron_port.generation.request_state import GenerationParams
-from neuron_port.generation.static_batch import Generator
+from neuron_port.generation.generate import generate
+from neuron_port.generation.request import GenerationParams, GenerationRequest
 from neuron_port.generation.sampling import SamplingParams, reference_distribution
 
 DEVICE_STEP_MS_ANCHOR = 23.0  # field report: E2B decode on one NeuronCore, ~23 ms per token
@@ -58,10 +58,9 @@ def build_port(name: str, tiny: bool, context: int, new_tokens: int) -> Port:
 
 
 def library_ms_per_token(port: Port, prompt: list[int], tokens: int, sampling: SamplingParams) -> float:
-    gen = Generator(port)
-    params = GenerationParams(max_new_tokens=tokens, sampling=sampling, seed=0)
-    gen.run_batch([prompt], params)  # warm-up: allocates the decode scratch once
-    run = gen.run_batch([prompt], params)
+    request = GenerationRequest([prompt], GenerationParams(max_new_tokens=tokens, sampling=sampling, seed=0))
+    generate(port, request)  # warm-up: allocates the decode scratch once
+    run = generate(port, request)
     return run.decode_s / run.decode_steps * 1e3
 
 

@@ -30,6 +30,7 @@ import torch
 
 from neuron_port import describe, load_config
 from neuron_port.generation.generate import generate
+from neuron_port.generation.request import GenerationRequest
 from neuron_port.model.loading import build_model, init_nonpersistent_buffers
 from neuron_port.parallel.ranks import RankSetup
 from neuron_port.graph.shapes import PortShape
@@ -63,7 +64,7 @@ def tiny_comparison(new_tokens: int) -> dict:
     prompt = [2] + list(range(30, 30 + PROMPT_LEN - 1))
     port, backend = xla_port(model, RankSetup.for_layout(describe(model), 1), PortShape(32, 64))
     recorder = backend.recorder
-    port_runs = [_measured(recorder, f"port_{run}", lambda: generate(port, [prompt], new_tokens).tokens[0])
+    port_runs = [_measured(recorder, f"port_{run}", lambda: generate(port, GenerationRequest.greedy([prompt], new_tokens)).tokens[0])
                  for run in ("cold", "warm")]
     hf = model.to(torch_xla.device())
     ids = torch.tensor([prompt]).to(torch_xla.device())

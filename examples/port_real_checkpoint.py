@@ -23,6 +23,7 @@ from neuron_port import describe, load_config
 from neuron_port.artifacts.writer import write_artifact
 from neuron_port.generation.chat import chat_format_of, stop_token_ids
 from neuron_port.generation.generate import generate
+from neuron_port.generation.request import GenerationRequest
 from neuron_port.planner import Target, plan_capacity
 from neuron_port.model.pretrained import PRETRAINED, pretrained_dir
 from neuron_port.generation.prompts import text_prompt
@@ -81,7 +82,7 @@ def port_one(name: str, args: argparse.Namespace, out_root: Path) -> bool:
     fmt, tokenizer = chat_format_of(out)
     chat_ids = fmt.encode([{"role": "user", "content": QUESTION}], tokenizer, layout.family.special_ids(config).bos)
     stops = stop_token_ids(str(out), layout.family.special_ids(config).eos, chat=True)
-    reply = generate(str(out), [chat_ids], args.max_new_tokens, stop_ids=stops)
+    reply = generate(str(out), GenerationRequest.greedy([chat_ids], args.max_new_tokens, stops))
     source_of = "its chat template" if fmt.template else f"the {layout.family.name} family's format"
     print(f"[chat] ({source_of}) {QUESTION!r} -> {decode_completion(str(out), reply.tokens[0], stops)!r}")
     return checked_run_passed(result)  # bf16: the logit bound decides; tokens may flip at near-ties

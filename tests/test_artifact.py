@@ -15,9 +15,9 @@ from neuron_port.backends.neuron import compiler_args
 from neuron_port.backends.nxd import KVResident, alias_map, rank_checkpoints
 from neuron_port.artifacts.writer import write_artifact
 from neuron_port.generation.generate import generate
+from neuron_port.generation.request import GenerationRequest
 from neuron_port.graph.shapes import PortShape
 from neuron_port.model.loading import build_model
-from neuron_port.generation.static_batch import greedy_generate
 from neuron_port.graph.port import Port
 from neuron_port.parallel.ranks import RankSetup
 from tests.helpers import load_rank0_port, run_cli, run_cli_process, write_tiny_artifact
@@ -131,13 +131,13 @@ def test_an_artifact_names_no_module_a_tree_move_can_break(e2b_artifact, tmp_pat
 def test_loaded_artifact_equals_the_in_process_port(e2b_artifact):
     model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
     prompt = [2] + list(range(30, 50))
-    eager = greedy_generate(Port(model, describe(model), [32], [64]), [prompt], 20).tokens
+    eager = generate(Port(model, describe(model), [32], [64]), GenerationRequest.greedy([prompt], 20)).tokens
     loaded = load_rank0_port(e2b_artifact)
     assert all(isinstance(r.function, torch.jit.ScriptModule) for r in loaded.decode_runners.values())
     # the saved graphs are the ones the static-shape passes rewrote, and they keep their batch
     assert not any(n.kind() == "aten::size" for r in loaded.decode_runners.values() for n in r.function.graph.nodes())
     assert loaded.batch == 1
-    assert greedy_generate(loaded, [prompt], 20).tokens == eager
+    assert generate(loaded, GenerationRequest.greedy([prompt], 20)).tokens == eager
     res = run_cli_process("generate", str(e2b_artifact), "--max-new-tokens", "40", "--check", "--json")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["seq_match"] is True
@@ -295,7 +295,7 @@ def test_a_neuron_artifact_of_the_tiny_e2b_generates(tmp_path):
     model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
     write_artifact(tmp_path / "A", model, {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0},
                    RankSetup.for_layout(describe(model), 1), PortShape([16], [32]), "neuron")
-    assert generate(tmp_path / "A", [[2, 5, 6, 7]], 8).tokens
+    assert generate(tmp_path / "A", GenerationRequest.greedy([[2, 5, 6, 7]], 8)).tokens
 
 
 def test_nxd_checkpoint_column_split_gives_each_rank_its_planned_kv_heads():

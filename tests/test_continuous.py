@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 
 from neuron_port import describe, load_config
 from neuron_port.generation.slots import SlotBatch
-from neuron_port.serve.engine import Engine, Request
+from neuron_port.serve.engine import Engine, Submission
 from neuron_port.model.loading import build_model
 from neuron_port.checks.oracle import reference_generate
 from neuron_port.graph.port import Port
-from neuron_port.generation.request_state import GenerationParams, TokenEvent
+from neuron_port.generation.request import GenerationParams
+from neuron_port.generation.request_state import TokenEvent
 from neuron_port.generation.sampling import SamplingParams
 
 SLOTS = 3
@@ -84,7 +85,7 @@ def test_a_failing_request_alone_ends(port, monkeypatch):
     real = continuous.advance
 
     def flaky(row, *args):
-        if row.params.seed == 13 and len(row.completion.tokens) == 3:
+        if row.params.seed == 13 and len(row.tokens) == 3:
             raise RuntimeError("injected")
         return real(row, *args)
 
@@ -122,9 +123,9 @@ def test_a_short_request_overtakes_a_long_one_through_the_engine(port):
         return on_event
 
     short = ([2, 30, 31, 32], GenerationParams(5))
-    engine.submit(Request([2, 10, 11, 12, 13], GenerationParams(80), listen("long")))
+    engine.submit(Submission([2, 10, 11, 12, 13], GenerationParams(80), listen("long")))
     time.sleep(0.05)
-    engine.submit(Request(short[0], short[1], listen("short")))
+    engine.submit(Submission(short[0], short[1], listen("short")))
     assert done.wait(120)
     engine.close()
     assert order == ["short", "long"] and len(tokens["long"]) == 80
@@ -193,8 +194,8 @@ def test_the_engine_survives_a_broken_callback_and_reports_a_fatal_round(port):
         elif not isinstance(event, BaseException):
             got.append(event.token_id)
 
-    engine.submit(Request([2, 5, 6], GenerationParams(6), broken))
-    engine.submit(Request([2, 9, 9], GenerationParams(6), fine))
+    engine.submit(Submission([2, 5, 6], GenerationParams(6), broken))
+    engine.submit(Submission([2, 9, 9], GenerationParams(6), fine))
     assert done.wait(60) and len(got) == 6 and engine.error is None
     engine.close()
 
@@ -205,8 +206,8 @@ def test_the_engine_survives_a_broken_callback_and_reports_a_fatal_round(port):
 
     fatal = Doomed(port, slots=SLOTS)
     heard, failed = [], threading.Event()
-    fatal.submit(Request([2, 5], GenerationParams(4), lambda e: (heard.append(e), failed.set())))
+    fatal.submit(Submission([2, 5], GenerationParams(4), lambda e: (heard.append(e), failed.set())))
     assert failed.wait(30) and len(heard) == 1 and isinstance(heard[0], RuntimeError)
     assert fatal.error == "RuntimeError: the device is gone"
     with pytest.raises(Exception, match="the engine stopped"):
-        fatal.submit(Request([2, 5], GenerationParams(4), lambda e: None))
+        fatal.submit(Submission([2, 5], GenerationParams(4), lambda e: None))

@@ -21,6 +21,7 @@ from neuron_port.model.loading import build_model, load_model_dir, save_model_di
 from neuron_port.checks.oracle import reference_generate
 from neuron_port.graph.port import Port
 from neuron_port.generation.generate import generate
+from neuron_port.generation.request import GenerationRequest
 from neuron_port.graph.shapes import PortShape
 from tests.helpers import run_cli
 
@@ -79,7 +80,7 @@ def test_port_qwen3_tiny_tp2_check_cli():
 def test_tp4_threads_match_hf_with_fewer_kv_heads_than_ranks(name):
     model = build_model(load_config(name, tiny=True), seed=3)
     ref = reference_generate(model, PROMPT, 32)
-    got = generate(model, [PROMPT], 32, shape=PortShape([32], 128), tp=4, mode="threads")
+    got = generate(model, GenerationRequest.greedy([PROMPT], 32), shape=PortShape([32], 128), tp=4, mode="threads")
     assert got.tokens[0] == ref["tokens"]
 
 
@@ -95,7 +96,7 @@ def test_qwen3_sliding_layers_use_rings_and_match_hf():
     assert [s.slots for s in spec.slots] == [128, 128, 8, 8]
     ref = reference_generate(model, PROMPT, 40)
     for tp in (1, 2):
-        got = generate(model, [PROMPT], 40, shape=PortShape([32], 128), tp=tp, mode="threads")
+        got = generate(model, GenerationRequest.greedy([PROMPT], 40), shape=PortShape([32], 128), tp=tp, mode="threads")
         assert got.tokens[0] == ref["tokens"], f"tp {tp}"
 
 
@@ -111,7 +112,7 @@ def test_untied_llama_round_trips_through_a_model_dir(tmp_path):
     ids = torch.tensor([PROMPT])
     assert torch.equal(model(ids).logits, loaded(ids).logits)
     ref = reference_generate(loaded, PROMPT, 24)
-    got = generate(loaded, [PROMPT], 24, shape=PortShape([32], 64), tp=2)  # gloo ranks load the dir
+    got = generate(loaded, GenerationRequest.greedy([PROMPT], 24), shape=PortShape([32], 64), tp=2)  # gloo ranks load the dir
     assert got.tokens[0] == ref["tokens"]
 
 

@@ -19,6 +19,7 @@ from neuron_port.model.configs import load_config_dict, tiny_config_dict
 from neuron_port.errors import BucketError
 from neuron_port.families import family_for
 from neuron_port.generation.generate import generate
+from neuron_port.generation.request import GenerationRequest
 from neuron_port.graph.kv import KVStore, kv_store_spec
 from neuron_port.model.loading import build_model, save_model_dir
 from neuron_port.checks.oracle import reference_generate
@@ -136,21 +137,21 @@ def test_a_compiled_artifact_and_a_compiled_port_take_the_same_decode_inputs_and
 def test_generate_gives_the_same_tokens_from_a_model_a_port_and_an_artifact(e2b, tmp_path):
     shape = PortShape(32, 64)
     want = reference_generate(e2b, PROMPT, 12)["tokens"]
-    from_model = generate(e2b, [PROMPT], 12, shape=shape)
-    from_port = generate(Port(copy.deepcopy(e2b), describe(e2b), [32], [64]), [PROMPT], 12)
+    from_model = generate(e2b, GenerationRequest.greedy([PROMPT], 12), shape=shape)
+    from_port = generate(Port(copy.deepcopy(e2b), describe(e2b), [32], [64]), GenerationRequest.greedy([PROMPT], 12))
     write_artifact(tmp_path / "art", e2b, {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0},
                    RankSetup.for_layout(describe(e2b), 1), shape)
-    from_artifact = generate(tmp_path / "art", [PROMPT], 12)
+    from_artifact = generate(tmp_path / "art", GenerationRequest.greedy([PROMPT], 12))
     assert from_model.tokens[0] == from_port.tokens[0] == from_artifact.tokens[0] == want
     assert from_model.per_rank_kv_cache_bytes == from_artifact.per_rank_kv_cache_bytes
     with pytest.raises(ValueError, match="disagrees"):
-        generate(e2b, [PROMPT], 4, setup=RankSetup.for_layout(describe(e2b), 1), tp=2)
+        generate(e2b, GenerationRequest.greedy([PROMPT], 4), setup=RankSetup.for_layout(describe(e2b), 1), tp=2)
     with pytest.raises(ValueError, match="planned for another layout"):
-        generate(e2b, [PROMPT], 4, setup=RankSetup.for_layout(describe(load_config("gemma-4-12b", tiny=True)), 1))
+        generate(e2b, GenerationRequest.greedy([PROMPT], 4), setup=RankSetup.for_layout(describe(load_config("gemma-4-12b", tiny=True)), 1))
     with pytest.raises(ValueError, match="brings its own"):
-        generate(tmp_path / "art", [PROMPT], 4, shape=shape)
+        generate(tmp_path / "art", GenerationRequest.greedy([PROMPT], 4), shape=shape)
     with pytest.raises(BucketError, match="longer than the largest prompt bucket"):
-        generate(tmp_path / "art", [list(range(40))], 4)
+        generate(tmp_path / "art", GenerationRequest.greedy([list(range(40))], 4))
 
 
 @pytest.mark.slow
@@ -160,6 +161,6 @@ def test_a_straddling_tp2_artifact_traces_its_gathers_and_all_reduce(tmp_path):
     save_model_dir(model, tmp_path / "model")
     setup = RankSetup.for_layout(describe(model), 2)
     write_artifact(tmp_path / "art", model, {"kind": "dir", "path": str(tmp_path / "model")}, setup, PortShape(32, 64))
-    got = generate(tmp_path / "art", [PROMPT], 16)
+    got = generate(tmp_path / "art", GenerationRequest.greedy([PROMPT], 16))
     assert len(got.per_rank_kv_cache_bytes) == 2 and not got.rank_disagreement
     assert got.tokens[0] == reference_generate(model, PROMPT, 16)["tokens"]

@@ -16,6 +16,7 @@ from neuron_port.generation.logits import greedy, softcap
 from neuron_port.model.loading import build_model
 from neuron_port.checks.oracle import reference_generate
 from neuron_port.generation.generate import generate
+from neuron_port.generation.request import GenerationRequest
 from neuron_port.graph.shapes import PortShape
 from tests.helpers import run_cli
 
@@ -112,7 +113,7 @@ def test_port_logits_match_hf_teacher_forced_over_window_wraps():
     """
     model = build_model(load_config("gemma-4-e2b", tiny=True), seed=3)
     prompt = [2] + list(range(10, 33))
-    got = generate(model, [prompt], 48, shape=PortShape([32], 128), keep_logits=True)
+    got = generate(model, GenerationRequest.greedy([prompt], 48, keep_logits=True), shape=PortShape([32], 128))
     ref = reference_generate(model, prompt, 48, [])
     assert got.tokens[0] == ref["tokens"]
     with torch.no_grad():
@@ -135,11 +136,11 @@ def test_restoring_buffers_fixes_a_parameter_only_load():
     prompt = [2] + list(range(40, 63))
     shape = PortShape([32], 128)
     reference = reference_generate(model, prompt, 16, [])["tokens"]
-    assert generate(broken, [prompt], 16, shape=shape).tokens[0] != reference
+    assert generate(broken, GenerationRequest.greedy([prompt], 16), shape=shape).tokens[0] != reference
     restored = restore_buffers(broken, checkpoint)
     assert len(restored) == len(problems)
     assert audit_buffers(broken, checkpoint) == []
-    assert generate(broken, [prompt], 16, shape=shape).tokens[0] == reference
+    assert generate(broken, GenerationRequest.greedy([prompt], 16), shape=shape).tokens[0] == reference
 
 
 def _port_json(*args):

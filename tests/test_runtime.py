@@ -12,11 +12,11 @@ from neuron_port import describe, load_config
 from neuron_port.errors import BucketError
 from neuron_port.model.localdir import build_tokenizer
 from neuron_port.model.loading import build_model
-from neuron_port.generation.static_batch import greedy_generate
+from neuron_port.generation.generate import generate
+from neuron_port.generation.request import GenerationParams, GenerationRequest, GenerationResult
+from neuron_port.generation.static_batch import stream_static
 from neuron_port.graph.port import Port
 from neuron_port.checks.oracle import reference_generate
-from neuron_port.generation.request_state import GenerationParams
-from neuron_port.generation.static_batch import Generator
 from neuron_port.generation.sampling import SamplingParams
 from tests.helpers import run_cli
 
@@ -28,9 +28,13 @@ def e2b():
     return _TINY_E2B
 
 
-def _generator(model, buckets=(32,), kv_lens=(128,), tokenizer=None):
-    port = Port(copy.deepcopy(model), describe(model), list(buckets), list(kv_lens))
-    return Generator(port, tokenizer=tokenizer)
+def _port(model, buckets=(32,), kv_lens=(128,)):
+    return Port(copy.deepcopy(model), describe(model), list(buckets), list(kv_lens))
+
+
+def _one(port, prompt, params, tokenizer=None) -> GenerationResult:
+    """A one-prompt request through the public ``generate``."""
+    return generate(port, GenerationRequest([prompt], params), tokenizer=tokenizer)
 
 
 def _prompt(n, offset=0):
@@ -38,84 +42,98 @@ def _prompt(n, offset=0):
 
 
 def test_seeded_sampling_repeats_exactly_and_seeds_differ(e2b):
-    gen = _generator(e2b)
+    port = _port(e2b)
     sampling = SamplingParams(temperature=0.9, top_k=40, top_p=0.95)
-    a = gen.generate(_prompt(12), GenerationParams(24, sampling, seed=7)).tokens
-    b = gen.generate(_prompt(12), GenerationParams(24, sampling, seed=7)).tokens
-    c = gen.generate(_prompt(12), GenerationParams(24, sampling, seed=8)).tokens
+    a = _one(port, _prompt(12), GenerationParams(24, sampling, seed=7)).tokens
+    b = _one(port, _prompt(12), GenerationParams(24, sampling, seed=7)).tokens
+    c = _one(port, _prompt(12), GenerationParams(24, sampling, seed=8)).tokens
     assert a == b and a != c
 
 
 def test_streaming_yields_the_same_tokens_as_a_run(e2b):
-    gen = _generator(e2b, tokenizer=build_tokenizer(512))
+    port, tok = _port(e2b), build_tokenizer(512)
     params = GenerationParams(20, SamplingParams(temperature=0.7, top_k=20), seed=3)
-    events = list(gen.stream(_prompt(10), params))
-    done = gen.generate(_prompt(10), params)
-    assert [e.token_id for e in events] == done.tokens
-    assert [e.index for e in events] == list(range(len(done.tokens)))
-    assert "".join(e.text for e in events) == done.text
-    assert events[-1].finish_reason == done.finish_reason == "length"
+    events = list(stream_static(port, GenerationRequest([_prompt(10)], params), tok))
+    done = _one(port, _prompt(10), params, tok)
+    assert [e.token_id for e in events] == done.tokens[0]
+    assert [e.index for e in events] == list(range(len(done.tokens[0])))
+    assert "".join(e.text for e in events) == done.texts[0]
+    assert events[-1].finish_reason == done.finish_reasons[0] == "length"
     assert all(e.finish_reason is None for e in events[:-1])
     assert all(e.host_ms >= 0 and e.graph_ms >= 0 for e in events)
 
 
 def test_stop_strings_cut_at_the_right_place(e2b):
-    tok = build_tokenizer(512)
-    gen = _generator(e2b, tokenizer=tok)
-    free = gen.generate(_prompt(10), GenerationParams(30))
-    words = free.text.split(" ")
+    port, tok = _port(e2b), build_tokenizer(512)
+    free = _one(port, _prompt(10), GenerationParams(30), tok).texts[0]
+    words = free.split(" ")
     assert len(words) > 6
     stop = " ".join(words[4:6])  # a two-word stop string in the middle of the free-running text
-    cut = gen.generate(_prompt(10), GenerationParams(30, stop_strings=(stop,)))
-    assert cut.finish_reason == "stop"
-    assert cut.text == free.text[: free.text.index(stop)]
-    streamed = "".join(e.text for e in gen.stream(_prompt(10), GenerationParams(30, stop_strings=(stop,))))
-    assert streamed == cut.text and stop not in streamed
+    cut = _one(port, _prompt(10), GenerationParams(30, stop_strings=(stop,)), tok)
+    assert cut.finish_reasons[0] == "stop"
+    assert cut.texts[0] == free[: free.index(stop)]
+    request = GenerationRequest([_prompt(10)], GenerationParams(30, stop_strings=(stop,)))
+    streamed = "".join(e.text for e in stream_static(port, request, tok))
+    assert streamed == cut.texts[0] and stop not in streamed
+    with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+        _one(port, _prompt(10), GenerationParams(30, stop_strings=(stop,)))
 
 
 def test_stop_token_ids(e2b):
-    gen = _generator(e2b)
-    free = gen.generate(_prompt(10), GenerationParams(20)).tokens
+    port = _port(e2b)
+    free = _one(port, _prompt(10), GenerationParams(20)).tokens[0]
     stop_at = free[5]
-    cut = gen.generate(_prompt(10), GenerationParams(20, stop_token_ids=(stop_at,)))
-    assert cut.tokens == free[: free.index(stop_at) + 1] and cut.finish_reason == "stop"
+    cut = _one(port, _prompt(10), GenerationParams(20, stop_token_ids=(stop_at,)))
+    assert cut.tokens[0] == free[: free.index(stop_at) + 1] and cut.finish_reasons[0] == "stop"
 
 
 def test_kv_growth_copies_the_cache_and_matches_hf(e2b):
     prompt = _prompt(20)
     ref = reference_generate(e2b, prompt, 40, [])["tokens"]
     # window 8 < 32: rings at both lengths; 20 + 40 positions outgrow 32 and move to 64
-    gen = _generator(e2b, buckets=(24,), kv_lens=(32, 64))
-    grown = Generator(gen.port).run_batch([prompt], GenerationParams(40))
-    assert grown.completions[0].tokens == ref and grown.kv_len == 64
+    grown = _one(_port(e2b, buckets=(24,), kv_lens=(32, 64)), prompt, GenerationParams(40))
+    assert grown.tokens[0] == ref and grown.kv_len == 64
     # KV length 8 == window: sliding owners use full-length buffers, then become rings at 32
-    gen = _generator(e2b, buckets=(8,), kv_lens=(8, 32))
-    assert gen.generate(prompt[:6], GenerationParams(20)).tokens == reference_generate(e2b, prompt[:6], 20, [])["tokens"]
+    port = _port(e2b, buckets=(8,), kv_lens=(8, 32))
+    assert _one(port, prompt[:6], GenerationParams(20)).tokens[0] == reference_generate(e2b, prompt[:6], 20, [])["tokens"]
 
 
 def test_kv_full_stops_with_length_when_asked(e2b):
-    gen = _generator(e2b, buckets=(24,), kv_lens=(32, 64))
-    done = gen.generate(_prompt(20), GenerationParams(40, on_kv_full="stop"))
-    assert done.finish_reason == "length" and len(done.tokens) == 32 - 20 + 1
-    gen = _generator(e2b, buckets=(24,), kv_lens=(32,))
-    assert len(gen.generate(_prompt(20), GenerationParams(40)).tokens) == 13
+    done = _one(_port(e2b, buckets=(24,), kv_lens=(32, 64)), _prompt(20), GenerationParams(40, on_kv_full="stop"))
+    assert done.finish_reasons[0] == "length" and len(done.tokens[0]) == 32 - 20 + 1
+    assert len(_one(_port(e2b, buckets=(24,), kv_lens=(32,)), _prompt(20), GenerationParams(40)).tokens[0]) == 13
 
 
 def test_prompt_over_largest_bucket(e2b):
-    gen = _generator(e2b, buckets=(16, 32))
     with pytest.raises(BucketError, match="33 tokens.*largest prompt bucket \\(32\\)"):
-        gen.generate(_prompt(33), GenerationParams(4))
+        _one(_port(e2b, buckets=(16, 32)), _prompt(33), GenerationParams(4))
+
+
+def test_a_request_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError, match="every prompt at least one token"):
+        GenerationRequest([[2, 5], []])
+    with pytest.raises(ValueError, match="2 prompts but 3 parameter sets"):
+        GenerationRequest([[2], [3]], [GenerationParams(4)] * 3)
+
+
+def test_a_result_crosses_a_process_whole():
+    result = GenerationResult([[5, 6]], ["ab"], ["length"], prefill_s=0.5, decode_steps=1, kv_len=64,
+                              step_logits=[torch.arange(6.0).reshape(1, 6)], per_rank_kv_cache_bytes=[128])
+    back = GenerationResult.from_wire(json.loads(json.dumps(result.to_wire())))
+    assert back.tokens == result.tokens and back.texts == ["ab"] and back.kv_len == 64
+    assert torch.equal(back.step_logits[0], result.step_logits[0])
+    assert "step_logits" not in result.to_json() and result.to_json()["kv_cache_bytes"] == 128
 
 
 def test_static_batch_rows_equal_solo_runs(e2b):
-    gen = _generator(e2b, buckets=(32,), kv_lens=(64,))
+    port = _port(e2b, buckets=(32,), kv_lens=(64,))
     prompts = [_prompt(n, offset=n) for n in (24, 9, 17, 3)]
     params = [GenerationParams(30), GenerationParams(12), GenerationParams(30), GenerationParams(25)]
-    batch = gen.run_batch(prompts, params)
-    for prompt, p, got in zip(prompts, params, batch.completions):
-        solo = gen.generate(prompt, p)
-        assert got.tokens == solo.tokens
-        assert got.tokens == reference_generate(e2b, prompt, p.max_new_tokens, [])["tokens"]
+    batch = generate(port, GenerationRequest(prompts, params))
+    for prompt, p, got in zip(prompts, params, batch.tokens):
+        solo = _one(port, prompt, p).tokens[0]
+        assert got == solo
+        assert got == reference_generate(e2b, prompt, p.max_new_tokens, [])["tokens"]
 
 
 def test_port_cli_batch_of_four_checked_row_by_row():
@@ -157,7 +175,7 @@ def test_port_stays_usable_outside_the_inference_mode_loop(e2b):
     """The loop runs in inference mode; the port's reused decode inputs (first made inside it)
     must still fill, and its stores still take in-place writes, in ordinary code afterwards."""
     port = Port(copy.deepcopy(e2b), describe(e2b), [8], [32])
-    greedy_generate(port, [[2, 5, 7]], 3)
+    generate(port, GenerationRequest.greedy([[2, 5, 7]], 3))
     inputs = port.decode_inputs(torch.tensor([5]), torch.tensor([9]), 32)
     assert not any(t.is_inference() for t in inputs)
     want = port.host_inputs_decode(torch.tensor([5]), torch.tensor([9]), 32)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from neuron_port import describe, load_config
 from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.generation.generate import generate
+from neuron_port.generation.request import GenerationRequest
 from neuron_port.checks.oracle import reference_generate
 from neuron_port.families import DecoderFamily, Phi3Family
 from neuron_port.model.loading import build_model
@@ -86,7 +87,7 @@ def test_a_config_copy_is_caught_where_tokens_match_by_luck(monkeypatch):
     assert check.status == "fail" and "rank 1: layers [0, 1, 2, 3]" in check.detail
     assert "stopped" not in check.detail
     prompt = [2] + list(range(7, 30))
-    got = generate(model, [prompt], 12, shape=PortShape(32, 64), tp=2, mode="threads")
+    got = generate(model, GenerationRequest.greedy([prompt], 12), shape=PortShape(32, 64), tp=2, mode="threads")
     assert got.tokens[0] == reference_generate(model, prompt, 12)["tokens"]  # what tokens alone would say
 
 

@@ -17,8 +17,8 @@ openai = pytest.importorskip("openai")
 from neuron_port import describe, load_config  # noqa: E402
 from neuron_port.model.loading import build_model  # noqa: E402
 from neuron_port.graph.port import Port  # noqa: E402
-from neuron_port.generation.request_state import GenerationParams  # noqa: E402
-from neuron_port.generation.static_batch import Generator  # noqa: E402
+from neuron_port.generation.generate import generate  # noqa: E402
+from neuron_port.generation.request import GenerationRequest  # noqa: E402
 from tests.helpers import ServerProcess, run_cli  # noqa: E402
 
 MODEL = "gemma-4-e2b"
@@ -37,9 +37,9 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
-def reference_generator():
+def reference_port():
     model = build_model(load_config(MODEL, tiny=True), seed=0)
-    return Generator(Port(model, describe(model), [32, 64, 128], [256, 512]))
+    return Port(model, describe(model), [32, 64, 128], [256, 512])
 
 
 def test_models_list(client):
@@ -81,9 +81,9 @@ def test_greedy_through_the_server_equals_the_port_check_tokens(client):
     assert out.choices[0].model_extra["token_ids"] == port["tokens"] == port["reference_tokens"]
 
 
-def test_sixteen_concurrent_clients_get_complete_correct_answers(server, reference_generator):
+def test_sixteen_concurrent_clients_get_complete_correct_answers(server, reference_port):
     prompts = [[2] + [(7 * i + 13 * j) % 500 + 6 for j in range(5 + i % 7)] for i in range(16)]
-    expected = [reference_generator.generate(p, GenerationParams(12)).tokens for p in prompts]
+    expected = [generate(reference_port, GenerationRequest.greedy([p], 12)).tokens[0] for p in prompts]
 
     def ask(i):
         c = openai.OpenAI(base_url=server.base + "/v1", api_key="x", max_retries=0, timeout=120)

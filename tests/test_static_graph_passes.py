@@ -25,7 +25,8 @@ from neuron_port.backends.static_graph_passes import (
 )
 from neuron_port.errors import BucketError
 from neuron_port.model.loading import build_model
-from neuron_port.generation.static_batch import greedy_generate
+from neuron_port.generation.generate import generate
+from neuron_port.generation.request import GenerationRequest
 from neuron_port.graph.port import Port
 
 
@@ -149,9 +150,9 @@ def test_port_with_passes_matches_the_eager_port_and_the_plain_trace(e2b_ports):
     assert backends["passes"].pass_counts["sizes_folded"] > 0 and backends["traced"].pass_counts == {}
     assert node_count(ports["passes"].decode_runners[64].graph) < node_count(ports["traced"].decode_runners[64].graph)
     prompt = [2] + list(range(30, 50))
-    eager = greedy_generate(Port(copy.deepcopy(model), describe(model), [32], [64]), [prompt], 20, keep_logits=True)
-    passes = greedy_generate(ports["passes"], [prompt], 20, keep_logits=True)
-    traced = greedy_generate(ports["traced"], [prompt], 20, keep_logits=True)
+    eager = generate(Port(copy.deepcopy(model), describe(model), [32], [64]), GenerationRequest.greedy([prompt], 20, keep_logits=True))
+    passes = generate(ports["passes"], GenerationRequest.greedy([prompt], 20, keep_logits=True))
+    traced = generate(ports["traced"], GenerationRequest.greedy([prompt], 20, keep_logits=True))
     assert passes.tokens == eager.tokens == traced.tokens
     assert len(passes.step_logits) == len(traced.step_logits) > 0
     for a, b in zip(passes.step_logits, traced.step_logits):
@@ -177,8 +178,8 @@ def test_compiled_port_takes_only_its_batch(e2b_ports):
     port = ports["passes"]
     assert port.batch == 1
     with pytest.raises(BucketError, match="compiled graphs take batch 1, found 2 prompts"):
-        greedy_generate(port, [[2, 5, 6], [2, 7]], 4)
+        generate(port, GenerationRequest.greedy([[2, 5, 6], [2, 7]], 4))
     eager = Port(copy.deepcopy(model), describe(model), [32], [64])
-    assert eager.batch is None and len(greedy_generate(eager, [[2, 5, 6], [2, 7]], 4).tokens) == 2
+    assert eager.batch is None and len(generate(eager, GenerationRequest.greedy([[2, 5, 6], [2, 7]], 4)).tokens) == 2
     eager.compile(get_backend("cpu-eager"))
     assert eager.batch is None

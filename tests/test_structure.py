@@ -296,3 +296,32 @@ def test_the_engines_import_without_the_serve_extra():
             "sys.exit(3)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+RETIRED_GENERATION_NAMES = ("generate_with_port", "generate_from_artifact", "run_artifact", "greedy_generate",
+                            "Generator", "GreedyResult", "BatchRun", "Completion", "StaticEngine")
+
+
+def _generation_entry_points(sources: dict[str, str] | None = None) -> tuple[list[str], list[str]]:
+    """(retired generation names defined anywhere, result classes defined under ``generation``)."""
+    sources = sources or {name: path.read_text() for name, path in _modules().items()}
+    retired, results = [], []
+    for name, text in sources.items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in RETIRED_GENERATION_NAMES:
+                retired.append(f"{name}.{node.name}")
+            if (isinstance(node, ast.ClassDef) and name.startswith("neuron_port.generation")
+                    and node.name.endswith("Result")):
+                results.append(f"{name}.{node.name}")
+    return retired, results
+
+
+def test_one_generate_one_request_one_result():
+    """The public way to generate is ``generate(source, request)``; the old entry points and
+    result types are gone, and ``generation`` defines one result class."""
+    retired, results = _generation_entry_points()
+    assert retired == []
+    assert results == ["neuron_port.generation.request.GenerationResult"]
+    planted = {"neuron_port.generation.x": "def greedy_generate(port):\n    pass\nclass BatchResult:\n    pass\n"}
+    assert _generation_entry_points(planted) == (["neuron_port.generation.x.greedy_generate"],
+                                                 ["neuron_port.generation.x.BatchResult"])

@@ -19,6 +19,7 @@ from neuron_port.model.loading import build_model
 from neuron_port.parallel.launch import CHILD_ENV, run_gloo, run_in_process
 from neuron_port.checks.oracle import reference_generate
 from neuron_port.generation.generate import generate
+from neuron_port.generation.request import GenerationRequest
 from neuron_port.graph.shapes import PortShape
 from tests.helpers import run_cli
 
@@ -35,8 +36,7 @@ def _prompt(vocab, n=24, seed=1000):
 def _compare(model, tp, in_process):
     prompt = _prompt(model.config.vocab_size)
     ref = reference_generate(model, prompt, 48, [])
-    got = generate(model, [prompt], 48, shape=PortShape([32], 128), tp=tp,
-                   mode="threads" if in_process else "gloo", keep_logits=True)
+    got = generate(model, GenerationRequest.greedy([prompt], 48, keep_logits=True), shape=PortShape([32], 128), tp=tp, mode="threads" if in_process else "gloo")
     assert got.tokens[0] == ref["tokens"]
     port_logits = softcap(torch.stack(got.step_logits)[:, 0], model.config.final_logit_softcapping)
     ref_logits = torch.stack(ref["logits"])

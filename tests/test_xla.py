@@ -65,10 +65,11 @@ def e2b():
 
 def _xla_run(model, shape, tokens, keep_logits=False):
     from neuron_port.generation.generate import generate
+    from neuron_port.generation.request import GenerationRequest
     from neuron_port.backends.xla_port import xla_port
 
     port, backend = xla_port(model, RankSetup.for_layout(describe(model), 1), shape)
-    return port, generate(port, [PROMPT], tokens, keep_logits=keep_logits), backend.report()
+    return port, generate(port, GenerationRequest.greedy([PROMPT], tokens, keep_logits=keep_logits)), backend.report()
 
 
 # In-process runs use shapes no other test in this process compiles: a graph XLA already compiled

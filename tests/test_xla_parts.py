@@ -19,6 +19,7 @@ from neuron_port.errors import ShardingError
 from neuron_port.families import family_for
 from neuron_port.model.configs import load_config_dict, tiny_config_dict
 from neuron_port.generation.generate import generate
+from neuron_port.generation.request import GenerationRequest
 from neuron_port.model.loading import build_model
 from neuron_port.checks.oracle import reference_generate
 from neuron_port.parallel.launch import identity_reduce
@@ -89,7 +90,7 @@ def test_spmd_model_is_the_same_model_and_its_even_slices_are_the_ranks(name, tp
     # the same function: eager graphs over the spread model (on one CPU) give Hugging Face's tokens
     prompt = [2] + list(range(20, 40))
     port = Port(copy.deepcopy(spread), setup.layout, [32], [64], kv_heads=kv_heads)
-    assert generate(port, [prompt], 12).tokens[0] == reference_generate(model, prompt, 12)["tokens"]
+    assert generate(port, GenerationRequest.greedy([prompt], 12)).tokens[0] == reference_generate(model, prompt, 12)["tokens"]
     # device r's even slice of every split weight is rank r's shard
     splits = list(weight_splits(spread, setup))
     assert {spec for _, spec in splits} <= {COLUMN, ROW, ("tp",)}
@@ -141,7 +142,7 @@ def test_spmd_layout_carries_biases_of_the_split_projections():
     spread, kv_heads = spmd_model(model, setup)
     prompt = [2] + list(range(20, 40))
     port = Port(copy.deepcopy(spread), setup.layout, [32], [64], kv_heads=kv_heads)
-    assert generate(port, [prompt], 10).tokens[0] == reference_generate(model, prompt, 10)["tokens"]
+    assert generate(port, GenerationRequest.greedy([prompt], 10)).tokens[0] == reference_generate(model, prompt, 10)["tokens"]
     names = {id(p): n for n, p in spread.named_parameters()}
     biases = [(t, spec) for t, spec in weight_splits(spread, setup) if t.dim() == 1]
     assert biases and all(spec == ("tp",) for _, spec in biases)
@@ -152,8 +153,8 @@ def test_spmd_layout_carries_biases_of_the_split_projections():
 
 
 def test_the_runtime_takes_the_grad_mode_its_runners_allow():
-    from neuron_port.generation.request_state import GenerationParams
-    from neuron_port.generation.static_batch import Generator
+    from neuron_port.generation.request import GenerationRequest
+    from neuron_port.generation.static_batch import stream_static
 
     model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
     port = Port(copy.deepcopy(model), describe(model), [16], [32])
@@ -162,7 +163,7 @@ def test_the_runtime_takes_the_grad_mode_its_runners_allow():
         seen = []
         original = port.runners.decode[32]
         port.runners.decode[32] = lambda *a, _f=original: (seen.append(torch.is_inference_mode_enabled()), _f(*a))[1]
-        events = Generator(port).stream_batch([[2, 5, 6]], GenerationParams(4))
+        events = stream_static(port, GenerationRequest.greedy([[2, 5, 6]], 4))
         next(events)
         assert not torch.is_inference_mode_enabled()  # not held while the caller handles an event
         list(events)

@@ -152,6 +152,7 @@ def _port_model_dir(directory: Path, config, family: DecoderFamily, tokens: int)
     """The library's loader against transformers' ``from_pretrained`` (the reference), then the
     port's tokens against that reference and the self-checks tokens cannot replace."""
     from neuron_port.generation.generate import generate
+    from neuron_port.generation.request import GenerationRequest
     from neuron_port.model.layout import describe
     from neuron_port.model.loading import load_model_dir
     from neuron_port.checks.oracle import reference_generate
@@ -169,7 +170,7 @@ def _port_model_dir(directory: Path, config, family: DecoderFamily, tokens: int)
     shape = PortShape([16], 64)
     ref = reference_generate(reference, prompt, tokens)
     setup = RankSetup.for_layout(describe(model), 1)
-    got = generate(model, [prompt], tokens, shape=shape, setup=setup, keep_logits=True)
+    got = generate(model, GenerationRequest.greedy([prompt], tokens, keep_logits=True), shape=shape, setup=setup)
     checks, _ = model_self_checks(model, setup, shape, prompt, got.tokens[0], got.step_logits, reference=reference,
                                   with_loader=False)
     return [loader, _port_verdict(got.tokens[0], ref), *checks]
@@ -180,13 +181,16 @@ def _port_artifact(directory: Path, config, family: DecoderFamily, tokens: int) 
     from neuron_port.artifacts.manifest import read_manifest
     from neuron_port.checks.reference import reference_model
     from neuron_port.checks.oracle import reference_generate
-    from neuron_port.checks.validation import artifact_self_checks, run_artifact
+    from neuron_port.checks.validation import artifact_run_report, artifact_self_checks
+    from neuron_port.generation.generate import generate
+    from neuron_port.generation.request import GenerationRequest
 
     manifest = read_manifest(directory)  # the artifact check, which runs first, verified it
     prompt = _probe_prompt(config, family, max(manifest["buckets"]))
     reference = reference_model(manifest)
+    result = generate(directory, GenerationRequest.greedy([prompt], tokens, keep_logits=True), manifest=manifest)
     out = artifact_self_checks(directory, manifest, reference, prompt,
-                               run_artifact(directory, prompt, tokens, manifest=manifest, keep_logits=True))
+                               artifact_run_report(directory, manifest, prompt, result))
     verdict = _port_verdict(out["tokens"], reference_generate(reference, prompt, tokens))
     return [verdict, *(Check(**check) for check in out["self_checks"])]
 

@@ -1,8 +1,8 @@
 """Checking a port against Hugging Face, in this process or in a fresh one.
 
-:func:`run_artifact` generates from an artifact directory alone; :func:`compare_with_reference`
-adds Hugging Face ``generate`` on the same checkpoint (tokens, first divergence classified);
-:func:`check_artifact` is both. :func:`check_in_fresh_process` runs :func:`check_artifact` in a
+:func:`artifact_run_report` is what generating from an artifact directory alone reports;
+:func:`compare_with_reference` adds Hugging Face ``generate`` on the same checkpoint (tokens, first
+divergence classified); :func:`check_artifact` is both. :func:`check_in_fresh_process` runs :func:`check_artifact` in a
 new Python interpreter — the artifact loaded exactly as a server loads it, nothing inherited
 from this process — and returns its result as data (the child writes it to a file; no command
 output is parsed).
@@ -25,7 +25,8 @@ from neuron_port.errors import ArtifactError
 from neuron_port.checks.reference import reference_model
 from neuron_port.model.configs import load_config
 from neuron_port.families import family_for
-from neuron_port.generation.generate import GenerationResult, generate
+from neuron_port.generation.generate import generate
+from neuron_port.generation.request import GenerationRequest, GenerationResult
 from neuron_port.checks.oracle import first_divergence, reference_generate
 from neuron_port.generation.prompts import random_prompt
 
@@ -37,14 +38,11 @@ def artifact_prompt(directory: str | Path, prompt_len: int, seed: int = 0) -> li
     return random_prompt(family.vocab_size(config), prompt_len, seed, family.special_ids(config).bos)
 
 
-def run_artifact(directory: str | Path, prompt: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int] = (),
-                 manifest: dict[str, Any] | None = None, keep_logits: bool = False) -> dict[str, Any]:
-    """Generate from the artifact alone; the result as ``neuron-port generate --json`` reports it
-    (``keep_logits``: every step's raw logits under ``"step_logits"``, tensors, not JSON)."""
-    manifest = manifest or verify(directory)
-    result: GenerationResult = generate(directory, [list(prompt)], max_new_tokens, stop_ids=stop_ids, manifest=manifest,
-                                        keep_logits=keep_logits)
-    extra = {"step_logits": result.step_logits} if keep_logits else {}
+def artifact_run_report(directory: str | Path, manifest: dict[str, Any], prompt: Sequence[int],
+                        result: GenerationResult) -> dict[str, Any]:
+    """Row 0 of a generation from the artifact, as ``neuron-port generate --json`` reports it
+    (when the request kept logits: every step's raw logits under ``"step_logits"``, tensors, not JSON)."""
+    extra = {"step_logits": result.step_logits} if result.step_logits else {}
     return {**extra,
         "artifact": str(Path(directory).resolve()),
         "backend": manifest["backend"],
@@ -94,7 +92,8 @@ def check_artifact(directory: str | Path, prompt_len: int = 24, max_new_tokens: 
     self-checks (:func:`artifact_self_checks`)."""
     manifest = verify(directory)
     prompt = list(prompt) if prompt is not None else artifact_prompt(directory, prompt_len, seed)
-    out = run_artifact(directory, prompt, max_new_tokens, stop_ids, manifest, keep_logits=True)
+    request = GenerationRequest.greedy([prompt], max_new_tokens, stop_ids, keep_logits=True)
+    out = artifact_run_report(directory, manifest, prompt, generate(directory, request, manifest=manifest))
     reference = reference_model(manifest)
     out = artifact_self_checks(directory, manifest, reference, prompt, out)
     return compare_with_reference(out, reference, prompt, max_new_tokens, stop_ids)
@@ -134,5 +133,5 @@ def check_in_fresh_process(directory: str | Path, prompt_len: int = 24, max_new_
     return answer["result"]
 
 
-__all__ = ["artifact_prompt", "run_artifact", "compare_with_reference", "artifact_self_checks", "check_artifact",
+__all__ = ["artifact_prompt", "artifact_run_report", "compare_with_reference", "artifact_self_checks", "check_artifact",
            "check_in_fresh_process"]

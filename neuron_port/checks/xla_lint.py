@@ -64,6 +64,7 @@ def lint_xla(name: str, tp: int = 1) -> dict[str, Any]:
     """Port the tiny variant of ``name`` through the XLA backend at ``tp`` and report its lowering."""
     from neuron_port.model.configs import load_config
     from neuron_port.generation.generate import generate
+    from neuron_port.generation.request import GenerationRequest
     from neuron_port.model.layout import describe
     from neuron_port.model.loading import build_model
     from neuron_port.generation.prompts import random_prompt
@@ -77,7 +78,7 @@ def lint_xla(name: str, tp: int = 1) -> dict[str, Any]:
     port, backend = xla_port(model, RankSetup.for_layout(layout, tp), PortShape(32, (32, 64)))
     length = min(32, 2 * (layout.sliding_window or 12))  # past the window: the rings wrap
     bos = layout.family.special_ids(layout.family.text_config_of(model)).bos
-    generate(port, [random_prompt(layout.vocab_size, length, bos=bos)], LINT_TOKENS)
+    generate(port, GenerationRequest.greedy([random_prompt(layout.vocab_size, length, bos=bos)], LINT_TOKENS))
     return lowering_result(f"{name} tiny", tp, backend.report())
 
 

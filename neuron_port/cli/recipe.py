@@ -88,6 +88,7 @@ def check_on_xla(model: Any, setup: Any, shape: Any, args: argparse.Namespace) -
     """The recipe's last steps on the XLA path: lower and run every graph through torch-xla (SPMD at
     tp > 1), compare with Hugging Face, print the lowering and ``SEQ_MATCH``; the exit code."""
     from neuron_port.generation.generate import generate
+    from neuron_port.generation.request import GenerationRequest
     from neuron_port.generation.prompts import random_prompt
     from neuron_port.checks.validation import compare_with_reference
     from neuron_port.checks.xla_lint import format_report, lowering_result
@@ -96,7 +97,7 @@ def check_on_xla(model: Any, setup: Any, shape: Any, args: argparse.Namespace) -
     port, backend = xla_port(model, setup, shape)
     family = setup.layout.family
     prompt = random_prompt(setup.layout.vocab_size, args.prompt_len, bos=family.special_ids(family.text_config_of(model)).bos)
-    got = generate(port, [prompt], args.max_new_tokens)
+    got = generate(port, GenerationRequest.greedy([prompt], args.max_new_tokens))
     result = compare_with_reference({"tokens": got.tokens[0]}, model, prompt, args.max_new_tokens)
     lowering = lowering_result(setup.layout.model_type, setup.tp, backend.report())
     print("\n".join(f"[xla] {line}" for line in format_report(lowering).splitlines()))

@@ -15,26 +15,8 @@ from typing import Sequence
 import torch
 
 from neuron_port.generation.logits import softcap as apply_softcap
-from neuron_port.generation.sampling import SamplingParams, sample_token
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    max_new_tokens: int = 64
-    sampling: SamplingParams = SamplingParams()
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    stop_strings: tuple[str, ...] = ()
-    on_kv_full: str = "grow"  # "grow" | "stop"
-    logprobs: int | None = None  # None: none; k: the chosen token's log-probability and the k most likely
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, found {self.max_new_tokens}")
-        if self.logprobs is not None and self.logprobs < 0:
-            raise ValueError(f"logprobs must be >= 0, found {self.logprobs}")
-        if self.on_kv_full not in ("grow", "stop"):
-            raise ValueError(f"on_kv_full must be 'grow' or 'stop', found {self.on_kv_full!r}")
+from neuron_port.generation.request import GenerationParams
+from neuron_port.generation.sampling import sample_token
 
 
 @dataclass(frozen=True)
@@ -50,15 +32,6 @@ class TokenEvent:
     finish_reason: str | None = None
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
-
-
-@dataclass
-class Completion:
-    prompt_tokens: int
-    tokens: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None
-
 
 
 CONTEXT_TOKENS = 8  # prompt tokens the generated text is decoded after
@@ -112,14 +85,20 @@ class TextState:
 
 @dataclass
 class RowState:
-    """One row's decoding state: its parameters, output so far, sampler stream, text and stop state."""
+    """One row's decoding state: its parameters, tokens so far, sampler stream, text and stop state.
+
+    ``history``: the prompt and the generated tokens (what a repetition penalty looks at)."""
 
     params: GenerationParams
-    completion: Completion
     sampler: torch.Generator
     text: TextState
     history: list[int]
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
     done: bool = False
+
+    def finish(self, reason: str) -> None:
+        self.done, self.finish_reason = True, reason
 
 
 
@@ -127,7 +106,7 @@ def finish_reason(row: RowState, token: int, hit_stop_string: bool, position: in
     p = row.params
     if token in p.stop_token_ids or hit_stop_string:
         return "stop"
-    if len(row.completion.tokens) >= p.max_new_tokens:
+    if len(row.tokens) >= p.max_new_tokens:
         return "length"
     if position >= kv_len and (p.on_kv_full == "stop" or not can_grow):
         return "length"
@@ -158,26 +137,25 @@ def logprobs_of(logits: torch.Tensor, token: int, top: int, cap: float | None) -
 
 def new_row(prompt: Sequence[int], params: GenerationParams, tokenizer=None) -> RowState:
     """The state of a request about to decode (its sampler seeded by ``params.seed``, 0 when None)."""
-    return RowState(params, Completion(prompt_tokens=len(prompt)),
-                    torch.Generator().manual_seed(params.seed if params.seed is not None else 0),
+    return RowState(params, torch.Generator().manual_seed(params.seed if params.seed is not None else 0),
                     TextState(tokenizer, params.stop_strings, prompt), list(prompt))
 
 
 def advance(row: RowState, logits: torch.Tensor, position: int, kv_len: int, can_grow: bool, cap: float | None) -> Step:
     """One step of one row from its logits [vocab]: the token, released text, finish reason, logprobs."""
-    p, c = row.params, row.completion
+    p = row.params
     recent = row.history if p.sampling.repetition_penalty != 1.0 else ()
-    tok = sample_token(logits, p.sampling, cap, row.sampler, recent, c.tokens if p.sampling.additive else ())
+    tok = sample_token(logits, p.sampling, cap, row.sampler, recent, row.tokens if p.sampling.additive else ())
     logprob, top = logprobs_of(logits, tok, p.logprobs, cap) if p.logprobs is not None else (None, ())
-    c.tokens.append(tok)
+    row.tokens.append(tok)
     row.history.append(tok)
-    piece, hit_stop_string = row.text.push(c.tokens)
+    piece, hit_stop_string = row.text.push(row.tokens)
     reason = finish_reason(row, tok, hit_stop_string, position, kv_len, can_grow)
     if reason is not None:
         piece += row.text.flush() if not hit_stop_string else ""
-        row.done, c.finish_reason, c.text = True, reason, row.text.text
+        row.finish(reason)
     return Step(tok, piece, reason, logprob, top)
 
 
-__all__ = ["GenerationParams", "TokenEvent", "Completion", "TextState", "RowState", "Step", "finish_reason",
+__all__ = ["TokenEvent", "TextState", "RowState", "Step", "finish_reason",
            "logprobs_of", "new_row", "advance"]

@@ -24,7 +24,8 @@ from typing import Any, Sequence
 import torch
 
 from neuron_port.graph.kv import KVStore
-from neuron_port.generation.request_state import GenerationParams, RowState, TokenEvent, advance, new_row
+from neuron_port.generation.request import GenerationParams
+from neuron_port.generation.request_state import RowState, TokenEvent, advance, new_row
 from neuron_port.graph.shapes import select_bucket
 from neuron_port.graph.step import run_step
 
@@ -62,7 +63,7 @@ class SlotBatch:
 
     def _event(self, slot: int, step, host_ms: float, graph_ms: float) -> TokenEvent:
         row = self.rows[slot]
-        return TokenEvent(slot, len(row.completion.tokens) - 1, step.token, step.text, host_ms, graph_ms,
+        return TokenEvent(slot, len(row.tokens) - 1, step.token, step.text, host_ms, graph_ms,
                           step.finish_reason, step.logprob, step.top_logprobs)
 
     def _advance(self, slots: Sequence[int], logits: Sequence[torch.Tensor], host_ms: float, graph_ms: float) -> list[Outcome]:

@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass
 
 from neuron_port.errors import BucketError, Rejected
-from neuron_port.generation.request_state import GenerationParams
+from neuron_port.generation.request import GenerationParams
 from neuron_port.generation.sampling import SamplingParams
 from neuron_port.serve.loading import Served
 from neuron_port.serve.schemas import ChatRequest, CommonFields

@@ -25,7 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from neuron_port.serve.engine import Request
+from neuron_port.serve.engine import Submission
 
 from neuron_port.errors import QueueFull
 from neuron_port.errors import NeuronPortError
@@ -149,7 +149,7 @@ class ServerApp:
             return error(rejected.status, rejected.message, rejected.kind, rejected.param)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        requests = [Request(admitted.prompt, params, lambda ev, i=i: loop.call_soon_threadsafe(queue.put_nowait, (i, ev)))
+        requests = [Submission(admitted.prompt, params, lambda ev, i=i: loop.call_soon_threadsafe(queue.put_nowait, (i, ev)))
                     for i, params in enumerate(admitted.choices)]
         try:
             served.engine.submit_all(requests)  # every choice or none

@@ -1,18 +1,21 @@
-"""The server's engines: a worker thread per model that runs submitted requests, and a bounded queue.
+"""The server's engine: a worker thread per model that drives the slot batch, and a bounded queue.
 
-* :class:`Engine` — continuous batching (:mod:`neuron_port.generation.slots`): a fixed number of slots;
-  at every step boundary waiting requests fill the free slots (prefilled in their own rows) while
-  the others keep decoding, and a finished request frees its slot at once. The default.
-* :class:`StaticEngine` — static batching: the worker takes the first waiting request plus every
-  other one already waiting (up to the batch) and decodes them together until all are done;
-  later arrivals wait for the next batch. Kept for comparison (``serve --batching static``,
+:class:`Engine` runs submitted prompts on :class:`~neuron_port.generation.slots.SlotBatch`, a
+fixed number of slots over one port. How waiting requests join is its one policy (``admission``):
+
+* ``continuous`` (the default): at every step boundary waiting requests fill the free slots
+  (prefilled in their own rows) while the others keep decoding, and a finished request frees its
+  slot at once;
+* ``static``: requests join only when every slot is free: the first waiting request plus every
+  other one already waiting (up to the slots) decode together until all are done; later arrivals
+  wait for the next batch. Kept for comparison (``serve --batching static``,
   ``benchmarks/serve_load.py``).
 
-Both: beyond ``max_queue`` waiting requests :meth:`submit` raises :class:`QueueFull` (the server's
-429); :meth:`submit_all` queues several (a request's ``n`` choices) all or none. A cancelled
-request (its client went away) stops at the next step. Events reach the submitter through its
-callback, on the worker thread: a :class:`TokenEvent` per token, then exactly one final event —
-``None`` when it is done, or the exception that ended it.
+Beyond ``max_queue`` waiting requests :meth:`Engine.submit` raises :class:`QueueFull` (the
+server's 429); :meth:`Engine.submit_all` queues several (a request's ``n`` choices) all or none.
+A cancelled request (its client went away) stops at the next step. Events reach the submitter
+through its callback, on the worker thread: a :class:`TokenEvent` per token, then exactly one
+final event — ``None`` when it is done, or the exception that ended it.
 """
 
 from __future__ import annotations
@@ -23,14 +26,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from neuron_port.generation.slots import SlotBatch
 from neuron_port.errors import NeuronPortError, QueueFull
-from neuron_port.generation.request_state import GenerationParams, TokenEvent
-from neuron_port.generation.static_batch import Generator
+from neuron_port.generation.request import GenerationParams
+from neuron_port.generation.request_state import TokenEvent
+from neuron_port.generation.slots import SlotBatch
+
+ADMISSIONS = ("continuous", "static")
 
 
 @dataclass
-class Request:
+class Submission:
+    """One prompt submitted to the engine, with its parameters and who hears its events."""
+
     prompt: list[int]
     params: GenerationParams
     on_event: Callable[[TokenEvent | BaseException | None], None]
@@ -59,7 +66,7 @@ class _Worker:
 
     def __init__(self, max_queue: int):
         self.max_queue = max_queue
-        self.waiting: deque[Request] = deque()
+        self.waiting: deque[Submission] = deque()
         self.running = 0
         self.error: str | None = None
         self._cv = threading.Condition()
@@ -76,10 +83,10 @@ class _Worker:
         with self._cv:
             return not self.waiting and not self.running
 
-    def submit(self, request: Request) -> None:
+    def submit(self, request: Submission) -> None:
         self.submit_all([request])
 
-    def submit_all(self, requests: list[Request]) -> None:
+    def submit_all(self, requests: list[Submission]) -> None:
         """Queue all of them or none (QueueFull when they do not all fit)."""
         with self._cv:
             if self.error is not None:
@@ -95,7 +102,7 @@ class _Worker:
             self._cv.notify()
         self._thread.join(timeout=60)
 
-    def _take(self, limit: int, block: bool) -> list[Request]:
+    def _take(self, limit: int, block: bool) -> list[Submission]:
         """Up to ``limit`` waiting requests (the cancelled ones are dropped); waits for one when ``block``."""
         with self._cv:
             while block and not self.waiting and not self._stop:
@@ -125,8 +132,8 @@ class _Worker:
             self.running = 0
             self._shutdown()
 
-    def _held(self) -> list[Request]:
-        """Requests the engine is decoding (failed together when it stops)."""
+    def _held(self) -> list[Submission]:
+        """Submissions the engine is decoding (failed together when it stops)."""
         return []
 
     def _shutdown(self) -> None:
@@ -137,7 +144,8 @@ class _Worker:
 
 
 class Engine(_Worker):
-    """Continuous batching over ``slots`` slots of one port (compiled graphs: their batch).
+    """``slots`` slots of one port (compiled graphs: their batch), filled by ``admission``
+    (``continuous`` or ``static``; see the module).
 
     ``lockstep``: a tensor-parallel artifact's follower ranks (:class:`~neuron_port.serve.lockstep.Lockstep`),
     told each round before this rank (rank 0) runs it. Under lockstep any failure of a round is
@@ -145,14 +153,17 @@ class Engine(_Worker):
     requests it was admitting and a failed decode step the requests decoding."""
 
     def __init__(self, port, tokenizer: Any = None, slots: int = 4, max_queue: int = 64, pad_id: int = 0,
-                 lockstep: Any = None):
+                 lockstep: Any = None, admission: str = "continuous"):
+        if admission not in ADMISSIONS:
+            raise ValueError(f"admission must be one of {ADMISSIONS}, found {admission!r}")
+        self.admission = admission
         self.batch = SlotBatch(port, port.batch or slots, tokenizer, pad_id)
         self.max_batch = self.batch.slots
         self.lockstep = lockstep
-        self._new: list[Request] = []  # taken this round, maybe not yet in a slot
+        self._new: list[Submission] = []  # taken this round, maybe not yet in a slot
         super().__init__(max_queue)
 
-    def _held(self) -> list[Request]:
+    def _held(self) -> list[Submission]:
         active = [self.batch.release(slot) for slot in self.batch.active]
         return active + [r for r in self._new if all(r is not a for a in active)]
 
@@ -169,7 +180,8 @@ class Engine(_Worker):
 
     def _round(self) -> None:
         batch = self.batch
-        new = self._new = self._take(len(batch.free), block=not batch.active)
+        room = len(batch.free) if self.admission == "continuous" or not batch.active else 0
+        new = self._new = self._take(room, block=not batch.active)
         released = [slot for slot in batch.active if batch.owners[slot].cancelled.is_set()]
         for slot in released:
             batch.release(slot).tell(None)
@@ -183,7 +195,7 @@ class Engine(_Worker):
         self._new = []
         self.running = len(batch.active)
 
-    def _isolated_round(self, new: list[Request]) -> None:
+    def _isolated_round(self, new: list[Submission]) -> None:
         batch = self.batch
         try:
             self._dispatch(batch.admit([(r.prompt, r.params, r) for r in new]))
@@ -200,40 +212,4 @@ class Engine(_Worker):
             batch.store = None
 
 
-class StaticEngine(_Worker):
-    """Static batching: ``fixed_batch`` pads every batch to the size compiled graphs expect."""
-
-    def __init__(self, generator: Generator, max_batch: int = 4, max_queue: int = 64, fixed_batch: int | None = None,
-                 pad_prompt: tuple[int, ...] = (2,)):
-        self.generator = generator
-        self.max_batch = fixed_batch or max_batch
-        self.fixed_batch = fixed_batch
-        self.pad_prompt = list(pad_prompt)
-        super().__init__(max_queue)
-
-    def _round(self) -> None:
-        batch = self._take(self.max_batch, block=True)
-        if not batch:
-            return
-        self.running = len(batch)
-        prompts = [r.prompt for r in batch]
-        params = [r.params for r in batch]
-        if self.fixed_batch:
-            pad = self.fixed_batch - len(batch)
-            prompts += [self.pad_prompt] * pad
-            params += [GenerationParams(max_new_tokens=1)] * pad
-        try:
-            for event in self.generator.stream_batch(prompts, params,
-                                                     cancelled=lambda row: row < len(batch) and batch[row].cancelled.is_set()):
-                if event.row < len(batch):
-                    batch[event.row].tell(event)
-            for req in batch:
-                req.tell(None)
-        except Exception as exc:  # noqa: BLE001 - every client of the batch must hear about it
-            for req in batch:
-                req.tell(exc)
-        finally:
-            self.running = 0
-
-
-__all__ = ["Engine", "StaticEngine", "Request"]
+__all__ = ["ADMISSIONS", "Engine", "Submission"]

@@ -14,10 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from neuron_port.serve.engine import Engine, StaticEngine
-from neuron_port.errors import NeuronPortError
+from neuron_port.serve.engine import ADMISSIONS, Engine
 from neuron_port.graph.port import Port
-from neuron_port.generation.static_batch import Generator
 from neuron_port.generation.chat import ChatFormat, chat_format, generation_eos_ids
 from neuron_port.graph.shapes import PortShape
 from neuron_port.model.tokenizer import load_tokenizer
@@ -45,7 +43,7 @@ class Served:
         return self.tokenizer.encode(text).ids
 
 
-def _artifact_port(path: Path, batching: str) -> tuple[Port, Any, int, Any]:
+def _artifact_port(path: Path) -> tuple[Port, Any, int, Any]:
     """Rank 0's port of an artifact, its config, its batch, and the follower ranks of a tp > 1 one."""
     from neuron_port.artifacts.manifest import host_ranks, verify
     from neuron_port.artifacts.reader import artifact_setup, load_rank_port
@@ -58,9 +56,6 @@ def _artifact_port(path: Path, batching: str) -> tuple[Port, Any, int, Any]:
     if host_ranks(manifest) == 1:
         rank = make_rank(artifact_setup(path, manifest), 0, identity_reduce, None)
         return load_rank_port(path, manifest, rank), config, int(manifest["batch"]), None
-    if batching != "continuous":
-        raise NeuronPortError(f"a tp {manifest['tp']} artifact is served with continuous batching only "
-                              "(its ranks step together round by round)")
     from neuron_port.serve.lockstep import Lockstep
 
     family = artifact_setup(path, manifest).layout.family
@@ -107,24 +102,19 @@ def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = Fal
     ``batching``: ``continuous`` (``max_batch`` slots; the default) or ``static``. ``dtype``
     (``fp32`` or ``bf16``) is a model's graphs, weights and KV store; an artifact keeps its own.
     """
-    if batching not in ("continuous", "static"):
-        raise ValueError(f"batching must be 'continuous' or 'static', found {batching!r}")
+    if batching not in ADMISSIONS:
+        raise ValueError(f"batching must be one of {ADMISSIONS}, found {batching!r}")
     path = Path(target)
     lockstep = None
     if (path / "manifest.json").exists():
-        port, config, fixed, lockstep = _artifact_port(path, batching)
+        port, config, fixed, lockstep = _artifact_port(path)
     else:
         port, config, fixed = _model_port(target, tiny, seed, PortShape(buckets, kv_lens), slim, max_batch, dtype)
     family = port.layout.family
     special = family.special_ids(config)
     tokenizer = _tokenizer(path, tiny, port.layout.vocab_size)
-    pad = special.bos if special.bos is not None else (special.pad or 0)
-    if batching == "static":
-        engine = StaticEngine(Generator(port, tokenizer=tokenizer), max_batch=max_batch, max_queue=max_queue,
-                              fixed_batch=fixed, pad_prompt=(pad,))
-    else:
-        engine = Engine(port, tokenizer, slots=fixed or max_batch, max_queue=max_queue, pad_id=special.pad or 0,
-                        lockstep=lockstep)
+    engine = Engine(port, tokenizer, slots=fixed or max_batch, max_queue=max_queue, pad_id=special.pad or 0,
+                    lockstep=lockstep, admission=batching)
     name = path.name if path.is_dir() else target
     eos = tuple(dict.fromkeys((*special.eos, *generation_eos_ids(path if path.is_dir() else None, family))))
     return Served(name, engine, tokenizer, family.vocab_size(config), eos,

@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator
 
 from fastapi.responses import JSONResponse
 
-from neuron_port.serve.engine import Request
+from neuron_port.serve.engine import Submission
 from neuron_port.generation.request_state import TokenEvent
 from neuron_port.serve.loading import Served
 from neuron_port.serve.metrics import Metrics
@@ -47,7 +47,7 @@ DISCONNECT_POLL_S = 1.0
 class Reply:
     """The events of a request's choices (one engine request each), turned into its response."""
 
-    def __init__(self, served: Served, metrics: Metrics, chat: bool, requests: list[Request], queue: asyncio.Queue,
+    def __init__(self, served: Served, metrics: Metrics, chat: bool, requests: list[Submission], queue: asyncio.Queue,
                  prompt: list[int], logprobs: int | None, with_ids: bool, include_usage: bool):
         self.served, self.metrics, self.chat, self.requests, self.queue = served, metrics, chat, requests, queue
         self.prompt_tokens, self.logprobs, self.with_ids, self.include_usage = len(prompt), logprobs, with_ids, include_usage

@@ -62,7 +62,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from neuron_port.model.loading import parse_dtype
     from neuron_port.model.configs import load_config
     from neuron_port.families import family_for
-    from neuron_port.checks.validation import artifact_self_checks, compare_with_reference, run_artifact
+    from neuron_port.checks.validation import artifact_run_report, artifact_self_checks, compare_with_reference
+    from neuron_port.generation.generate import generate
+    from neuron_port.generation.request import GenerationRequest
 
     manifest = verify(args.dir, args.allow_version_mismatch)
     if args.dtype is not None and parse_dtype(args.dtype) != parse_dtype(manifest.get("dtype", "float32")):
@@ -75,7 +77,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     texts = args.prompt is not None or args.chat is not None
     stop_on_eos = texts if args.stop_at_eos is None else args.stop_at_eos
     stop_ids = stop_token_ids(args.dir, special.eos, args.chat is not None) if stop_on_eos else []
-    out = run_artifact(args.dir, prompt, args.max_new_tokens, stop_ids, manifest, keep_logits=args.check)
+    request = GenerationRequest.greedy([prompt], args.max_new_tokens, stop_ids, keep_logits=args.check)
+    out = artifact_run_report(args.dir, manifest, prompt, generate(args.dir, request, manifest=manifest))
     out["dtype"] = manifest.get("dtype")
     if texts:
         out["text"] = decode_completion(args.dir, out["tokens"], stop_ids)

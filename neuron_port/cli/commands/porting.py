@@ -12,6 +12,7 @@ from neuron_port.cli.commands.common import add_dtype_option, add_prompt_options
 def _cmd_port(args: argparse.Namespace) -> int:
     from neuron_port.generation.chat import stop_token_ids
     from neuron_port.generation.generate import generate
+    from neuron_port.generation.request import GenerationRequest
     from neuron_port.graph.kv import naive_kv_bytes
     from neuron_port.model.layout import describe
     from neuron_port.model.loading import model_from_name, parse_dtype
@@ -45,16 +46,16 @@ def _cmd_port(args: argparse.Namespace) -> int:
     prompts = [prompt[: max(1, len(prompt) - 3 * row)] for row in range(args.batch)]
     layout = setup.layout
     shape = PortShape(args.buckets, args.kv_len)
+    request = GenerationRequest.greedy(prompts, args.max_new_tokens, stop_ids, keep_logits=args.check)
     lowering = None
     if args.backend == "xla":
         from neuron_port.backends.xla_port import xla_port
 
         port, backend = xla_port(model, setup, shape, batch=args.batch)
-        result = generate(port, prompts, args.max_new_tokens, stop_ids=stop_ids, keep_logits=args.check)
+        result = generate(port, request)
         lowering = backend.report()
     else:
-        result = generate(model, prompts, args.max_new_tokens, stop_ids=stop_ids, shape=shape, setup=setup,
-                          keep_logits=args.check)
+        result = generate(model, request, shape=shape, setup=setup)
     out: dict[str, Any] = {
         "model": args.model, "tiny": args.tiny, "backend": args.backend, "tp": args.tp, "batch": args.batch,
         "dtype": args.dtype,
