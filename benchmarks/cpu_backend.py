@@ -17,7 +17,6 @@ tokens. The sides run in alternation, best of ``--repeats``.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import time
 
@@ -30,6 +29,7 @@ from neuron_port.model.loading import build_model
 from neuron_port.generation.generate import generate
 from neuron_port.generation.request import GenerationRequest
 from neuron_port.graph.port import Port
+from neuron_port.graph.shapes import PortShape
 
 SIDES = {"eager": ("cpu-eager", {}), "compiled_torchscript_unoptimized": ("cpu", {"passes": False}),
          "compiled_torchscript": ("cpu", {})}
@@ -63,7 +63,7 @@ def main() -> None:
     kv_len = -(-(bucket + args.tokens + 8) // 128) * 128
     ports, backends, compile_s, tokens = {}, {}, {}, {}
     for side, (name, options) in SIDES.items():
-        port = Port(copy.deepcopy(model), layout, [bucket], [kv_len])
+        port = Port.over_model(model, PortShape([bucket], [kv_len]), layout)
         backends[side] = get_backend(name, **options)
         t0 = time.perf_counter()
         port.compile(backends[side])
@@ -75,7 +75,7 @@ def main() -> None:
         for side, port in ports.items():
             best[side] = min(best[side], _decode_ms_per_token(port, prompt, args.tokens))
     results = {side: {"decode_ms_per_token": round(best[side], 3), "compile_s": round(compile_s[side], 3)} for side in SIDES}
-    nodes = {side: node_count(ports[side].decode_runners[kv_len].graph) for side in ("compiled_torchscript_unoptimized", "compiled_torchscript")}
+    nodes = {side: node_count(ports[side].runners.decode[kv_len].graph) for side in ("compiled_torchscript_unoptimized", "compiled_torchscript")}
     print(json.dumps({
         "model": f"{args.model} ({args.variant})",
         "threads": torch.get_num_threads(),

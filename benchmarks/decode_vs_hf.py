@@ -23,7 +23,6 @@ Variants:
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import time
@@ -39,6 +38,7 @@ from neuron_port.model.loading import build_model, force_eager
 from neuron_port.generation.generate import generate
 from neuron_port.generation.request import GenerationRequest
 from neuron_port.graph.port import Port
+from neuron_port.graph.shapes import PortShape
 
 MID = {"hidden_size": 64, "intermediate_size": 256, "vocab_size": 8192, "vocab_size_per_layer_input": 8192}
 
@@ -91,11 +91,11 @@ def run_variant(name: str, model_name: str, contexts, tokens: int, repeats: int)
     layout = describe(model)
     buckets = sorted(contexts)
     kv_lens = sorted({-(-(c + tokens) // 128) * 128 for c in contexts})  # context + new tokens, in 128s
-    port = Port(copy.deepcopy(model), layout, buckets, kv_lens)
+    port = Port.over_model(model, PortShape(buckets, kv_lens), layout)
     t0 = time.perf_counter()
     port.compile(get_backend("cpu"))
     compile_s = time.perf_counter() - t0
-    hf = copy.deepcopy(model)
+    hf = model  # the port built its graphs over its own copy
     force_eager(hf.config, "sdpa")
     rows = []
     for ctx in contexts:

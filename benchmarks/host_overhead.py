@@ -27,6 +27,8 @@ import torch
 from neuron_port import describe, load_config
 from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.graph.port import Port
+from neuron_port.graph.runners import Runners
+from neuron_port.graph.shapes import PortShape
 from neuron_port.generation.generate import generate
 from neuron_port.generation.request import GenerationParams, GenerationRequest
 from neuron_port.generation.sampling import SamplingParams, reference_distribution
@@ -54,7 +56,8 @@ def build_port(name: str, tiny: bool, context: int, new_tokens: int) -> Port:
     embeddings = HostEmbeddings.for_config(config, word, table)
     kv_len = 1 << (context + new_tokens - 1).bit_length()
     device = FakeDevice(1, layout.vocab_size)
-    return Port(None, layout, [context], [kv_len], embeddings=embeddings, runners=({context: device}, {kv_len: device}))
+    stores = PortShape([context], [kv_len]).stores(layout)
+    return Port.from_runners(layout, stores, embeddings, Runners({context: device}, {kv_len: device}, None, compiled=True))
 
 
 def library_ms_per_token(port: Port, prompt: list[int], tokens: int, sampling: SamplingParams) -> float:
@@ -67,13 +70,13 @@ def library_ms_per_token(port: Port, prompt: list[int], tokens: int, sampling: S
 def peer_ms_per_token(port: Port, prompt: list[int], tokens: int, sampling: SamplingParams) -> float:
     """Fresh tensors every step; greedy argmax or dense sampling over the whole vocabulary."""
     kv = port.kv_len
-    store = port.new_store(1, kv)
-    runner = port.decode_runners[kv]
+    store = port.inputs.new_store(1, kv).tensors()
+    runner = port.runners.decode[kv]
     gen = torch.Generator().manual_seed(0)
     pos, tok = len(prompt), torch.tensor([prompt[-1]])
     start = time.perf_counter()
     for _ in range(tokens):
-        out = runner(*port.host_inputs_decode(tok, torch.tensor([pos]), kv), *store)
+        out = runner(*port.inputs.decode_fresh(tok, torch.tensor([pos]), kv), *store)
         logits, store = out[0][0], list(out[1:])
         if sampling.greedy:
             tok = torch.argmax(logits)[None]

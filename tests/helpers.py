@@ -130,12 +130,9 @@ def break_embed_scale(monkeypatch) -> None:
 def load_rank0_port(directory: Path):
     """Rank 0's port of a verified artifact, assembled as a single-host reader does."""
     from neuron_port.artifacts.manifest import verify
-    from neuron_port.artifacts.reader import artifact_setup, load_rank_port
-    from neuron_port.parallel.launch import identity_reduce
-    from neuron_port.parallel.ranks import make_rank
+    from neuron_port.artifacts.reader import load_rank_port
 
-    manifest = verify(directory)
-    return load_rank_port(directory, manifest, make_rank(artifact_setup(directory, manifest), 0, identity_reduce, None))
+    return load_rank_port(directory, verify(directory), 0)
 
 
 def write_tiny_artifact(model, out_dir: Path, source: dict, buckets=(32,), kv_lens=(64,)) -> dict:

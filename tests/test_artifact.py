@@ -131,11 +131,11 @@ def test_an_artifact_names_no_module_a_tree_move_can_break(e2b_artifact, tmp_pat
 def test_loaded_artifact_equals_the_in_process_port(e2b_artifact):
     model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
     prompt = [2] + list(range(30, 50))
-    eager = generate(Port(model, describe(model), [32], [64]), GenerationRequest.greedy([prompt], 20)).tokens
+    eager = generate(Port.over_model(model, PortShape([32], [64])), GenerationRequest.greedy([prompt], 20)).tokens
     loaded = load_rank0_port(e2b_artifact)
-    assert all(isinstance(r.function, torch.jit.ScriptModule) for r in loaded.decode_runners.values())
+    assert all(isinstance(r.function, torch.jit.ScriptModule) for r in loaded.runners.decode.values())
     # the saved graphs are the ones the static-shape passes rewrote, and they keep their batch
-    assert not any(n.kind() == "aten::size" for r in loaded.decode_runners.values() for n in r.function.graph.nodes())
+    assert not any(n.kind() == "aten::size" for r in loaded.runners.decode.values() for n in r.function.graph.nodes())
     assert loaded.batch == 1
     assert generate(loaded, GenerationRequest.greedy([prompt], 20)).tokens == eager
     res = run_cli_process("generate", str(e2b_artifact), "--max-new-tokens", "40", "--check", "--json")
@@ -275,17 +275,17 @@ def test_nxd_rank_checkpoints_keep_buffers_and_cast():
 
 def test_nxd_alias_map_points_every_kv_parameter_at_its_output():
     model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
-    port = Port(model, describe(model), [16], [32])
-    shapes = [t.shape for t in port.new_store(1, 32)]
-    resident = KVResident(port.decode_graphs[32], shapes, torch.float32)
+    port = Port.over_model(model, PortShape([16], [32]))
+    shapes = [t.shape for t in port.inputs.new_store(1, 32)]
+    resident = KVResident(port.graphs.decode[32], shapes, torch.float32)
     aliases = alias_map(resident)
     assert sorted(aliases.values()) == list(range(1, len(shapes) + 1))
-    inputs = port.example_inputs_decode(32)[:8]
+    inputs = list(port.inputs.example_decode(32)[0])
     out = resident(*inputs)
     for param, index in aliases.items():
         assert out[index].shape == param.shape
     # the graph's own alias list agrees: input 8 + j is output 1 + j
-    assert port.decode_graphs[32].aliases == {8 + j: 1 + j for j in range(len(shapes))}
+    assert port.graphs.decode[32].aliases == {8 + j: 1 + j for j in range(len(shapes))}
 
 
 @pytest.mark.neuron

@@ -3,7 +3,6 @@ same tokens as when they run alone, whatever else shares the batch and whenever 
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 
@@ -12,12 +11,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuron_port import describe, load_config
+from neuron_port import load_config
 from neuron_port.generation.slots import SlotBatch
 from neuron_port.serve.engine import Engine, Submission
 from neuron_port.model.loading import build_model
 from neuron_port.checks.oracle import reference_generate
 from neuron_port.graph.port import Port
+from neuron_port.graph.shapes import PortShape
 from neuron_port.generation.request import GenerationParams
 from neuron_port.generation.request_state import TokenEvent
 from neuron_port.generation.sampling import SamplingParams
@@ -28,7 +28,7 @@ SLOTS = 3
 @pytest.fixture(scope="module")
 def port():
     model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
-    return Port(copy.deepcopy(model), describe(model), [16, 32], [48, 96]), model
+    return Port.over_model(model, PortShape([16, 32], [48, 96])), model
 
 
 def _run(port, schedule) -> dict[int, list[int]]:
@@ -136,7 +136,7 @@ def test_compiled_graphs_take_their_own_batch_as_slots(port):
     from neuron_port.backends import get_backend
 
     port, model = port
-    compiled = Port(copy.deepcopy(model), describe(model), [16], [48])
+    compiled = Port.over_model(model, PortShape([16], [48]))
     compiled.compile(get_backend("cpu"), batch=2)
     with pytest.raises(Exception, match="batch 2"):
         SlotBatch(compiled, 3)
@@ -169,7 +169,7 @@ def test_compiled_slots_admit_while_others_decode_and_reuse_freed_slots(port):
     from neuron_port.backends import get_backend
 
     _, model = port
-    compiled = Port(copy.deepcopy(model), describe(model), [16, 32], [48, 96])
+    compiled = Port.over_model(model, PortShape([16, 32], [48, 96]))
     compiled.compile(get_backend("cpu"), batch=SLOTS)
     schedule = [(0, [2, 5, 9], GenerationParams(10)), (0, [2, 40, 41, 42, 43], GenerationParams(3)),
                 (2, [2, 7, 7, 7], GenerationParams(12)), (3, [2, 100, 101], GenerationParams(6)),

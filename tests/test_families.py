@@ -123,8 +123,8 @@ def test_a_mask_in_the_wrong_form_fails_loudly(monkeypatch):
     family = family_for("llama")
     monkeypatch.setattr(type(family), "attention_mask_argument",
                         lambda self, masks: {"full_attention": masks["full"], "sliding_attention": masks["sliding"]})
-    port = Port(model, layout, [8], 32)
-    inputs = port.example_inputs_decode(32)
+    port = Port.over_model(model, PortShape([8], 32), layout)
+    inputs = [t for part in port.inputs.example_decode(32) for t in part]  # step inputs, then the store
     with pytest.raises(ValueError, match="got no mask"):
         DecodeGraph(model, kv_store_spec(layout, 32))(*inputs)
 

@@ -3,7 +3,6 @@ one generate entry point, artifacts written and read through the same ranks."""
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
@@ -97,19 +96,19 @@ def test_the_kv_head_gather_is_passed_explicitly_and_is_load_bearing():
     rank = make_rank(setup, 0, identity_reduce, model)
     assert not any(name.startswith("np_") for m in rank.model.modules() for name, _ in m.named_buffers(recurse=False))
     port = Port.for_rank(rank, PortShape(16, 32))
-    assert {n for n, _ in port.decode_graph.named_buffers() if n.startswith("kv_expand")} == {
+    assert {n for n, _ in port.graphs.decode[port.kv_len].named_buffers() if n.startswith("kv_expand")} == {
         f"kv_expand_{i}" for i in rank.kv_expand}
     inputs, store = port.inputs.example_decode(32)
-    run_step(port.decode_runners[32], inputs, store)  # with the gathers: runs
-    without = Port(rank.model, rank.layout, [16], [32], kv_heads=rank.local_kv_heads)  # no kv_expand given
+    run_step(port.runners.decode[32], inputs, store)  # with the gathers: runs
+    without = Port.over_model(rank.model, PortShape([16], [32]), rank.layout, rank.local_kv_heads)  # no kv_expand given
     with pytest.raises(ValueError, match=KV_EXPAND):
-        run_step(without.decode_runners[32], *without.inputs.example_decode(32))
+        run_step(without.runners.decode[32], *without.inputs.example_decode(32))
 
 
 # ---- one compile loop: port and artifact cannot drift ----------------------------------------
 def test_a_compiled_artifact_and_a_compiled_port_take_the_same_decode_inputs_and_write_kv_alike(e2b, tmp_path):
     shape = PortShape(32, 64)
-    port = Port(copy.deepcopy(e2b), describe(e2b), shape.buckets, shape.kv_lens)
+    port = Port.over_model(e2b, PortShape(shape.buckets, shape.kv_lens))
     port.compile(get_backend("cpu"))
     manifest = write_artifact(tmp_path / "art", e2b, {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0},
                               RankSetup.for_layout(describe(e2b), 1), shape)
@@ -121,11 +120,11 @@ def test_a_compiled_artifact_and_a_compiled_port_take_the_same_decode_inputs_and
     for name, a, b in zip(INPUT_NAMES, ours, theirs):
         assert a.dtype == b.dtype and torch.equal(a, b), name
     gen = torch.Generator().manual_seed(3)
-    start = [torch.randn(t.shape, generator=gen) for t in port.new_store(1)]
+    start = [torch.randn(t.shape, generator=gen) for t in port.inputs.new_store(1, port.kv_len)]
     for side in (port, loaded):
-        store = KVStore.from_tensors(side.spec, [t.clone() for t in start])
+        store = KVStore.from_tensors(side.stores.largest, [t.clone() for t in start])
         before = [t.clone() for t in store]
-        logits, after = run_step(side.decode_runners[64], side.inputs.decode(tokens, positions, 64), store)
+        logits, after = run_step(side.runners.decode[64], side.inputs.decode(tokens, positions, 64), store)
         # in place: the returned store is the given one, changed only at the written slots
         assert all(a is b or a.data_ptr() == b.data_ptr() for a, b in zip(after, store))
         assert any(not torch.equal(a, b) for a, b in zip(before, store))
@@ -138,7 +137,7 @@ def test_generate_gives_the_same_tokens_from_a_model_a_port_and_an_artifact(e2b,
     shape = PortShape(32, 64)
     want = reference_generate(e2b, PROMPT, 12)["tokens"]
     from_model = generate(e2b, GenerationRequest.greedy([PROMPT], 12), shape=shape)
-    from_port = generate(Port(copy.deepcopy(e2b), describe(e2b), [32], [64]), GenerationRequest.greedy([PROMPT], 12))
+    from_port = generate(Port.over_model(e2b, PortShape([32], [64])), GenerationRequest.greedy([PROMPT], 12))
     write_artifact(tmp_path / "art", e2b, {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0},
                    RankSetup.for_layout(describe(e2b), 1), shape)
     from_artifact = generate(tmp_path / "art", GenerationRequest.greedy([PROMPT], 12))

@@ -11,6 +11,7 @@ from neuron_port import describe, load_config
 from neuron_port.checks.lint import SBUF_BYTES_PER_PARTITION, lint_model, sbuf_bytes_per_partition
 from neuron_port.planner import TARGETS, Target, device_params_per_core, plan_capacity
 from neuron_port.graph.port import Port
+from neuron_port.graph.shapes import PortShape
 from neuron_port.parallel.sharding import plan_model
 from neuron_port.model.loading import build_model
 from tests.helpers import run_cli, run_cli_json
@@ -107,8 +108,8 @@ def test_planner_kv_bytes_equal_what_the_runtime_allocates(name, tp):
     model = build_model(config, seed=0)
     layout = describe(model)
     kv_heads = plan_model(layout, tp).local_kv_heads(0) if tp > 1 else None
-    port = Port(model, layout, [16], [64], kv_heads=kv_heads)
-    allocated = sum(t.numel() * t.element_size() for t in port.new_store(1, 64))
+    port = Port.over_model(model, PortShape([16], [64]), layout, kv_heads)
+    allocated = sum(t.numel() * t.element_size() for t in port.inputs.new_store(1, 64))
     plan = plan_capacity(layout, config, name, TARGETS["inf2.xlarge"], "fp32", tp, context=64)
     assert plan.per_core_bytes["kv"] == allocated
 

@@ -1,6 +1,5 @@
 """The two-graph port: one-hot KV store, ring buffers, masks, host embeddings/softcap, buffers, CLI."""
 
-import copy
 import json
 
 import torch
@@ -178,10 +177,10 @@ def test_graph_aliases_and_static_inputs():
     model = build_model(load_config("gemma-4-12b", tiny=True), seed=0)
     from neuron_port.graph.port import Port
 
-    port = Port(copy.deepcopy(model), describe(model), [16], 64)
-    n = len(port.spec.slots)
-    assert port.decode_graph.aliases == {8 + j: 1 + j for j in range(2 * n)}
-    inputs = port.host_inputs_decode(torch.tensor([5]), torch.tensor([20]))
-    out = port.decode_graph(*inputs, *port.new_store(1))
+    port = Port.over_model(model, PortShape([16], 64))
+    n, decode = len(port.stores.largest.slots), port.graphs.decode[port.kv_len]
+    assert decode.aliases == {8 + j: 1 + j for j in range(2 * n)}
+    inputs = port.inputs.decode_fresh(torch.tensor([5]), torch.tensor([20]), port.kv_len)
+    out = decode(*inputs, *port.inputs.new_store(1, port.kv_len))
     assert out[0].shape == (1, model.config.vocab_size)
-    assert [t.shape for t in out[1:]] == [t.shape for t in port.new_store(1)]
+    assert [t.shape for t in out[1:]] == [t.shape for t in port.inputs.new_store(1, port.kv_len)]

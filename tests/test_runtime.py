@@ -1,6 +1,5 @@
 """Generation runtime: sampling runs, streaming, stop strings, KV-length growth, static batching."""
 
-import copy
 import json
 
 import pytest
@@ -8,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuron_port import describe, load_config
+from neuron_port import load_config
 from neuron_port.errors import BucketError
 from neuron_port.model.localdir import build_tokenizer
 from neuron_port.model.loading import build_model
@@ -16,6 +15,7 @@ from neuron_port.generation.generate import generate
 from neuron_port.generation.request import GenerationParams, GenerationRequest, GenerationResult
 from neuron_port.generation.static_batch import stream_static
 from neuron_port.graph.port import Port
+from neuron_port.graph.shapes import PortShape
 from neuron_port.checks.oracle import reference_generate
 from neuron_port.generation.sampling import SamplingParams
 from tests.helpers import run_cli
@@ -29,7 +29,7 @@ def e2b():
 
 
 def _port(model, buckets=(32,), kv_lens=(128,)):
-    return Port(copy.deepcopy(model), describe(model), list(buckets), list(kv_lens))
+    return Port.over_model(model, PortShape(list(buckets), list(kv_lens)))
 
 
 def _one(port, prompt, params, tokenizer=None) -> GenerationResult:
@@ -151,32 +151,32 @@ def test_port_cli_batch_of_four_checked_row_by_row():
 def test_preallocated_decode_inputs_equal_the_reference_builders(batch, kv_ring, data):
     """The in-place scratch path gives exactly the masks/writes/embeddings of the reference functions."""
     kv_len, ring = kv_ring
-    model = copy.deepcopy(_TINY_E2B)  # graphs switch their model's attention function; keep the reference's
-    port = Port(model, describe(model), [8], [kv_len], ring_buffers=ring is not None)
-    assert port.rings[kv_len] == ring
+    model = _TINY_E2B  # the port builds its graphs over its own copy
+    port = Port.over_model(model, PortShape([8], [kv_len], ring_buffers=ring is not None))
+    assert port.stores.rings[kv_len] == ring
     for _ in range(3):  # reuse the same scratch tensors across steps
         positions = torch.tensor(data.draw(st.lists(st.integers(0, kv_len - 1), min_size=batch, max_size=batch)))
         tokens = torch.tensor(data.draw(st.lists(st.integers(0, 511), min_size=batch, max_size=batch)))
-        want = port.host_inputs_decode(tokens, positions, kv_len)
-        got = port.decode_inputs(tokens, positions, kv_len)
+        want = port.inputs.decode_fresh(tokens, positions, kv_len)
+        got = port.inputs.decode(tokens, positions, kv_len)
         for name, a, b in zip(("embeds", "per_layer", "positions", "mask_full", "mask_sliding", "write_full",
                                "write_sliding", "last"), got, want):
             assert a.shape == b.shape and torch.equal(a, b), name
 
 
 def test_decode_step_reuses_its_buffers(e2b):
-    port = Port(copy.deepcopy(e2b), describe(e2b), [8], [32])
-    first = port.decode_inputs(torch.tensor([5]), torch.tensor([9]), 32)
-    second = port.decode_inputs(torch.tensor([6]), torch.tensor([10]), 32)
+    port = Port.over_model(e2b, PortShape([8], [32]))
+    first = port.inputs.decode(torch.tensor([5]), torch.tensor([9]), 32)
+    second = port.inputs.decode(torch.tensor([6]), torch.tensor([10]), 32)
     assert all(a.data_ptr() == b.data_ptr() for a, b in zip(first, second))
 
 
 def test_port_stays_usable_outside_the_inference_mode_loop(e2b):
     """The loop runs in inference mode; the port's reused decode inputs (first made inside it)
     must still fill, and its stores still take in-place writes, in ordinary code afterwards."""
-    port = Port(copy.deepcopy(e2b), describe(e2b), [8], [32])
+    port = Port.over_model(e2b, PortShape([8], [32]))
     generate(port, GenerationRequest.greedy([[2, 5, 7]], 3))
-    inputs = port.decode_inputs(torch.tensor([5]), torch.tensor([9]), 32)
+    inputs = port.inputs.decode(torch.tensor([5]), torch.tensor([9]), 32)
     assert not any(t.is_inference() for t in inputs)
-    want = port.host_inputs_decode(torch.tensor([5]), torch.tensor([9]), 32)
+    want = port.inputs.decode_fresh(torch.tensor([5]), torch.tensor([9]), 32)
     assert all(torch.equal(a, b) for a, b in zip(inputs, want))

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from neuron_port import describe, load_config  # noqa: E402
+from neuron_port import load_config  # noqa: E402
 from neuron_port.model.loading import build_model  # noqa: E402
 from neuron_port.graph.port import Port  # noqa: E402
+from neuron_port.graph.shapes import PortShape  # noqa: E402
 from neuron_port.generation.generate import generate  # noqa: E402
 from neuron_port.generation.request import GenerationRequest  # noqa: E402
 from tests.helpers import ServerProcess, run_cli  # noqa: E402
@@ -39,7 +40,7 @@ def client(server):
 @pytest.fixture(scope="module")
 def reference_port():
     model = build_model(load_config(MODEL, tiny=True), seed=0)
-    return Port(model, describe(model), [32, 64, 128], [256, 512])
+    return Port.over_model(model, PortShape([32, 64, 128], [256, 512]))
 
 
 def test_models_list(client):

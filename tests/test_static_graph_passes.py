@@ -4,7 +4,6 @@ folding shapes safe."""
 
 from __future__ import annotations
 
-import copy
 import io
 import warnings
 
@@ -28,6 +27,7 @@ from neuron_port.model.loading import build_model
 from neuron_port.generation.generate import generate
 from neuron_port.generation.request import GenerationRequest
 from neuron_port.graph.port import Port
+from neuron_port.graph.shapes import PortShape
 
 
 class _Block(nn.Module):
@@ -140,7 +140,7 @@ def e2b_ports():
     ports, backends = {}, {}
     for name, options in (("passes", {}), ("traced", {"passes": False})):
         backends[name] = get_backend("cpu", **options)
-        ports[name] = Port(copy.deepcopy(model), layout, [32], [64])
+        ports[name] = Port.over_model(model, PortShape([32], [64]), layout)
         ports[name].compile(backends[name])
     return model, ports, backends
 
@@ -148,9 +148,9 @@ def e2b_ports():
 def test_port_with_passes_matches_the_eager_port_and_the_plain_trace(e2b_ports):
     model, ports, backends = e2b_ports
     assert backends["passes"].pass_counts["sizes_folded"] > 0 and backends["traced"].pass_counts == {}
-    assert node_count(ports["passes"].decode_runners[64].graph) < node_count(ports["traced"].decode_runners[64].graph)
+    assert node_count(ports["passes"].runners.decode[64].graph) < node_count(ports["traced"].runners.decode[64].graph)
     prompt = [2] + list(range(30, 50))
-    eager = generate(Port(copy.deepcopy(model), describe(model), [32], [64]), GenerationRequest.greedy([prompt], 20, keep_logits=True))
+    eager = generate(Port.over_model(model, PortShape([32], [64])), GenerationRequest.greedy([prompt], 20, keep_logits=True))
     passes = generate(ports["passes"], GenerationRequest.greedy([prompt], 20, keep_logits=True))
     traced = generate(ports["traced"], GenerationRequest.greedy([prompt], 20, keep_logits=True))
     assert passes.tokens == eager.tokens == traced.tokens
@@ -167,7 +167,7 @@ def _matrix_constants(runner) -> set[int]:
 def test_graphs_of_one_port_share_each_transposed_weight(e2b_ports):
     _, ports, backends = e2b_ports
     port = ports["passes"]
-    prefill, decode = _matrix_constants(port.prefill_runners[32]), _matrix_constants(port.decode_runners[64])
+    prefill, decode = _matrix_constants(port.runners.prefill[32]), _matrix_constants(port.runners.decode[64])
     transposed = {copy.data_ptr() for _, copy in backends["passes"]._transposed.values()}
     assert transposed and transposed <= prefill and transposed <= decode
     assert prefill == decode  # every weight matrix is one tensor both graphs read
@@ -179,7 +179,7 @@ def test_compiled_port_takes_only_its_batch(e2b_ports):
     assert port.batch == 1
     with pytest.raises(BucketError, match="compiled graphs take batch 1, found 2 prompts"):
         generate(port, GenerationRequest.greedy([[2, 5, 6], [2, 7]], 4))
-    eager = Port(copy.deepcopy(model), describe(model), [32], [64])
+    eager = Port.over_model(model, PortShape([32], [64]))
     assert eager.batch is None and len(generate(eager, GenerationRequest.greedy([[2, 5, 6], [2, 7]], 4)).tokens) == 2
     eager.compile(get_backend("cpu-eager"))
     assert eager.batch is None

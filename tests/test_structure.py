@@ -325,3 +325,63 @@ def test_one_generate_one_request_one_result():
     planted = {"neuron_port.generation.x": "def greedy_generate(port):\n    pass\nclass BatchResult:\n    pass\n"}
     assert _generation_entry_points(planted) == (["neuron_port.generation.x.greedy_generate"],
                                                  ["neuron_port.generation.x.BatchResult"])
+
+
+MODEL_COPIERS = {
+    "neuron_port.graph.port.Port.over_model",  # a port over a model copies it (its graphs switch attention)
+    "neuron_port.parallel.ranks.make_rank",  # a rank's own model at tp 1
+    "neuron_port.parallel.shard_model.shard_model",  # a rank's shard
+    "neuron_port.backends.spmd.spmd_model",  # the model laid out for SPMD
+    "neuron_port.backends.nxd.device_copy",  # the device half for NxD's trace
+    "neuron_port.families.phi3.Phi3Family.set_attention_projections",  # an attention module's config, not a model
+    "benchmarks.nxd_build_memory._deep_copy_per_key",  # the peer: the earlier factory's residency, reproduced
+}
+
+
+def _deepcopy_sites(sources: dict[str, str]) -> set[str]:
+    """``module.Class.function`` of every ``copy.deepcopy`` / ``deepcopy`` call."""
+    sites = set()
+    for name, text in sources.items():
+        def visit(node: ast.AST, scope: list[str]) -> None:
+            for child in ast.iter_child_nodes(node):
+                inner = scope + [child.name] if isinstance(child, (ast.FunctionDef, ast.ClassDef)) else scope
+                if isinstance(child, ast.Call):
+                    f = child.func
+                    if (isinstance(f, ast.Attribute) and f.attr == "deepcopy") or (isinstance(f, ast.Name) and f.id == "deepcopy"):
+                        sites.add(".".join([name, *scope]))
+                visit(child, inner)
+        visit(ast.parse(text), [])
+    return sites
+
+
+def test_models_are_deep_copied_only_by_the_constructors_that_take_one():
+    """No caller copies a model before handing it to a port: the constructors that take a model
+    copy it themselves (package, tests, benchmarks and examples scanned)."""
+    sources = {name: path.read_text() for name, path in _modules().items()}
+    for folder in ("tests", "benchmarks", "examples"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            sources[".".join(path.relative_to(ROOT).with_suffix("").parts)] = path.read_text()
+    assert _deepcopy_sites(sources) <= MODEL_COPIERS
+    planted = {"tests.test_x": "import copy\ndef test_a(model):\n    return Port.over_model(copy.deepcopy(model), s)\n"}
+    assert _deepcopy_sites(planted) == {"tests.test_x.test_a"}
+
+
+def test_port_is_a_small_value():
+    """``Port`` holds its inputs, runners and graphs; one constructor per source; no list forms."""
+    import inspect
+
+    from neuron_port.graph.port import Port
+
+    assert len(inspect.signature(Port.__init__).parameters) - 1 <= 5
+    for retired in ("host_inputs_prefill", "host_inputs_decode", "decode_inputs", "example_inputs_prefill",
+                    "example_inputs_decode", "new_store", "grow_store", "prefill_runners", "decode_runners"):
+        assert not hasattr(Port, retired), retired
+    forwarding = [n for n, v in vars(Port).items() if isinstance(v, property)]
+    assert len(forwarding) <= 5, forwarding
+
+
+def test_one_place_starts_process_groups():
+    sources = {name: path.read_text() for name, path in _modules().items()}
+    starters = sorted(name for name, text in sources.items() if "init_process_group(" in text)
+    assert starters == ["neuron_port.parallel.launch"]
+    assert sources["neuron_port.parallel.launch"].count("init_process_group(") == 1

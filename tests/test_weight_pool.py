@@ -98,10 +98,10 @@ def test_artifact_holds_the_weights_once_whatever_the_bucket_count(tmp_path):
         assert (art / "rank0" / file).stat().st_size < biggest * 2, file
     # the oracle fails the old layout: five frozen graphs, each saved with its constants
     from neuron_port.graph.port import Port
-    from neuron_port.model.layout import describe
+    from neuron_port.graph.shapes import PortShape
     from neuron_port.backends import get_backend
 
-    port = Port(model, describe(model), [16, 32, 64, 128], [256])
+    port = Port.over_model(model, PortShape([16, 32, 64, 128], [256]))
     port.compile(get_backend("cpu"))
     old = tmp_path / "old"
     old.mkdir()
@@ -116,7 +116,7 @@ def test_loaded_graphs_share_one_copy_of_the_weights(tmp_path):
     res = run_cli("compile", "gemma-4-e2b", "--tiny", "--buckets", "16,32", "--kv-lens", "64", "--out", str(art))
     assert res.returncode == 0, res.stderr
     port = load_rank0_port(art)
-    runners = [*port.prefill_runners.values(), *port.decode_runners.values()]
+    runners = [*port.runners.prefill.values(), *port.runners.decode.values()]
     pointers = [{t.data_ptr() for t in r.tensors} for r in runners]
     assert len(runners) == 3 and pointers[0] == pointers[1]
     assert len(pointers[0] & pointers[2]) >= 0.9 * len(pointers[2])  # decode reads the same tensors (plus its own few)
@@ -124,7 +124,7 @@ def test_loaded_graphs_share_one_copy_of_the_weights(tmp_path):
     pool = json.loads((art / "rank0" / "graph_weights.json").read_text())
     assert any(isinstance(e, dict) and e["view_of"] == "host:word" or e == "host:word" or e == "host:word.T"
                for entries in pool.values() for e in entries)
-    word_shape = list(port.embeddings.word.shape)
+    word_shape = list(port.inputs.embeddings.word.shape)
     from neuron_port.model.tensorfile import read_header
 
     header = read_header(art / "rank0" / POOL_FILE)[0]

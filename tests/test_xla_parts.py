@@ -3,7 +3,6 @@ layout of a shard plan, and the transformers version gate."""
 
 from __future__ import annotations
 
-import copy
 import os
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from neuron_port.model.loading import build_model
 from neuron_port.checks.oracle import reference_generate
 from neuron_port.parallel.launch import identity_reduce
 from neuron_port.graph.port import Port
+from neuron_port.graph.shapes import PortShape
 from neuron_port.parallel.ranks import RankSetup, make_rank
 from neuron_port.backends.spmd import COLUMN, ROW, spmd_model, weight_splits
 from neuron_port.versions import transformers_problem
@@ -89,7 +89,7 @@ def test_spmd_model_is_the_same_model_and_its_even_slices_are_the_ranks(name, tp
     spread, kv_heads = spmd_model(model, setup)
     # the same function: eager graphs over the spread model (on one CPU) give Hugging Face's tokens
     prompt = [2] + list(range(20, 40))
-    port = Port(copy.deepcopy(spread), setup.layout, [32], [64], kv_heads=kv_heads)
+    port = Port.over_model(spread, PortShape([32], [64]), setup.layout, kv_heads)
     assert generate(port, GenerationRequest.greedy([prompt], 12)).tokens[0] == reference_generate(model, prompt, 12)["tokens"]
     # device r's even slice of every split weight is rank r's shard
     splits = list(weight_splits(spread, setup))
@@ -141,7 +141,7 @@ def test_spmd_layout_carries_biases_of_the_split_projections():
     setup = RankSetup.for_layout(describe(model), 4)  # 2 kv heads over 4 ranks: replicated
     spread, kv_heads = spmd_model(model, setup)
     prompt = [2] + list(range(20, 40))
-    port = Port(copy.deepcopy(spread), setup.layout, [32], [64], kv_heads=kv_heads)
+    port = Port.over_model(spread, PortShape([32], [64]), setup.layout, kv_heads)
     assert generate(port, GenerationRequest.greedy([prompt], 10)).tokens[0] == reference_generate(model, prompt, 10)["tokens"]
     names = {id(p): n for n, p in spread.named_parameters()}
     biases = [(t, spec) for t, spec in weight_splits(spread, setup) if t.dim() == 1]
@@ -157,7 +157,7 @@ def test_the_runtime_takes_the_grad_mode_its_runners_allow():
     from neuron_port.generation.static_batch import stream_static
 
     model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
-    port = Port(copy.deepcopy(model), describe(model), [16], [32])
+    port = Port.over_model(model, PortShape([16], [32]))
     for allowed in (True, False):
         port.runners.inference_mode = allowed
         seen = []

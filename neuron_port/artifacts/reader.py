@@ -19,7 +19,8 @@ from neuron_port.model.configs import load_config
 from neuron_port.graph.embedding import load_host_embeddings
 from neuron_port.model.layout import describe
 from neuron_port.graph.port import Port
-from neuron_port.parallel.ranks import Rank, RankSetup
+from neuron_port.parallel.launch import Reduce, identity_reduce
+from neuron_port.parallel.ranks import Rank, RankSetup, make_rank
 from neuron_port.graph.runners import load_runners
 from neuron_port.graph.shapes import PortShape
 
@@ -35,8 +36,15 @@ def artifact_shape(manifest: dict[str, Any]) -> PortShape:
     return PortShape(manifest["buckets"], manifest["kv_lens"], manifest.get("ring_buffers", True))
 
 
-def load_rank_port(directory: str | Path, manifest: dict[str, Any], rank: Rank) -> Port:
-    """Rank ``rank``'s port from a verified artifact: its compiled graphs and the host embeddings."""
+def load_rank_port(directory: str | Path, manifest: dict[str, Any], rank: Rank | int,
+                   reduce: Reduce = identity_reduce) -> Port:
+    """Rank ``rank``'s port from a verified artifact: its compiled graphs and the host embeddings;
+    the one way every reader (``generate``, the server, its lockstep ranks) gets one.
+
+    ``rank``: a :class:`Rank` already set up (``run_ranks`` gives each rank its own), or its index,
+    set up here over the artifact's ranks with ``reduce`` (what its graphs all-reduce with)."""
+    if isinstance(rank, int):
+        rank = make_rank(artifact_setup(directory, manifest), rank, reduce, None)
     directory = Path(directory)
     config = load_config(directory / "config.json")
     stores = artifact_shape(manifest).stores(rank.layout, rank.local_kv_heads)

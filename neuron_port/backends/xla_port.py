@@ -24,7 +24,7 @@ def xla_port(model: nn.Module, setup: RankSetup, shape: PortShape, batch: int = 
         port = run_ranks(lambda rank: Port.for_rank(rank, shape), setup, model)[0]
     else:
         spread, kv_heads = spmd_model(model, setup)
-        port = Port(spread, setup.layout, shape.buckets, shape.kv_lens, shape.ring_buffers, kv_heads=kv_heads)
+        port = Port.over_model(spread, shape, setup.layout, kv_heads, owned=True)  # spmd_model made it a copy
     port.compile(backend, batch)
     return port, backend
 

@@ -24,7 +24,6 @@ not public.
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 from dataclasses import asdict, dataclass
@@ -39,6 +38,7 @@ from neuron_port.model.layout import Layout, describe
 from neuron_port.generation.logits import softcap
 from neuron_port.model.loading import build_model
 from neuron_port.graph.port import Port
+from neuron_port.graph.shapes import PortShape
 
 SBUF_PARTITIONS = 128
 SBUF_BYTES_PER_PARTITION = 196_608
@@ -148,9 +148,9 @@ def _graph_findings(tiny_config, real: Layout, softcap_in_graph: bool,
     """(names of the graphs traced, findings on them): the tiny variant's prefill and decode graphs."""
     model = build_model(tiny_config, seed=0)
     tiny = describe(model)
-    port = Port(copy.deepcopy(model), tiny, [16], [32])
-    graphs = {"prefill_16": (port.prefill_graphs[16], port.example_inputs_prefill(16)),
-              "decode_32": (port.decode_graphs[32], port.example_inputs_decode(32))}
+    port = Port.over_model(model, PortShape(16, 32), tiny, owned=True)  # built here for this port alone
+    flat = [[*inputs, *store] for inputs, store in (port.inputs.example_prefill(16), port.inputs.example_decode(32))]
+    graphs = {"prefill_16": (port.graphs.prefill[16], flat[0]), "decode_32": (port.graphs.decode[32], flat[1])}
     if softcap_in_graph:
         graphs = {k: (_SoftcapInGraph(g, tiny.softcap or 30.0), x) for k, (g, x) in graphs.items()}
     findings: list[Finding] = []

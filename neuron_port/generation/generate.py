@@ -52,9 +52,9 @@ class _RankWork:
 def _on_port(port: Port, work: _RankWork, rank: int = 0) -> GenerationResult | dict[str, Any]:
     request = work.request if rank == 0 else work.request.without_logits()
     result = run_static(port, request, work.tokenizer)
-    batch, dtype_bytes = request.batch, port.dtype.itemsize
-    result.per_rank_kv_cache_bytes = [port.spec.total_bytes(batch, dtype_bytes)]
-    result.kv_cache_bytes_per_layer = {str(k): v for k, v in port.spec.bytes_per_layer(batch, dtype_bytes).items()}
+    batch, dtype_bytes, spec = request.batch, port.inputs.dtype.itemsize, port.stores.largest
+    result.per_rank_kv_cache_bytes = [spec.total_bytes(batch, dtype_bytes)]
+    result.kv_cache_bytes_per_layer = {str(k): v for k, v in spec.bytes_per_layer(batch, dtype_bytes).items()}
     result.dtype_bytes = dtype_bytes
     return result.to_wire() if work.crosses_processes else result
 

@@ -105,17 +105,17 @@ class SlotBatch:
                 self.rows[slot], self.owners[slot] = new_row(prompt, params, self.tokenizer), owner
                 self.positions[slot] = len(prompt)
             inputs = self.port.inputs.prefill(ids, lengths, bucket)
-            fresh = self.port.inputs.new_store(ids.shape[0], self.port.prefill_kv[bucket])
+            fresh = self.port.inputs.new_store(ids.shape[0], self.port.stores.prefill_kv[bucket])
             host = time.perf_counter() - t0
             g0 = time.perf_counter()
-            logits, fresh = run_step(self.port.prefill_runners[bucket], inputs, fresh)
+            logits, fresh = run_step(self.port.runners.prefill[bucket], inputs, fresh)
             graph = time.perf_counter() - g0
             self._merge(fresh, rows, slots, lengths)
             return self._advance(slots, [logits[r] for r in rows], 1e3 * host, 1e3 * graph)
 
     def _merge(self, fresh: KVStore, rows: list[int], slots: list[int], lengths: torch.Tensor) -> None:
         """Copy the prefilled ``rows`` of ``fresh`` into the running store at ``slots``."""
-        spec = self.port.specs[self.kv_len]
+        spec = self.port.stores.specs[self.kv_len]
         if fresh.spec.kv_len != self.kv_len:
             fresh = fresh.grow(spec, lengths - 1)
         if self.store is None:
@@ -135,7 +135,7 @@ class SlotBatch:
             inputs = self.port.inputs.decode(self.tokens, steps, self.kv_len)
             host = time.perf_counter() - t0
             g0 = time.perf_counter()
-            logits, self.store = run_step(self.port.decode_runners[self.kv_len], inputs, self.store)
+            logits, self.store = run_step(self.port.runners.decode[self.kv_len], inputs, self.store)
             graph = time.perf_counter() - g0
             self.positions[active] += 1
             return self._advance(active, [logits[s] for s in active], 1e3 * host, 1e3 * graph)

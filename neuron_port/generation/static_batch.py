@@ -71,7 +71,7 @@ def grow_if_full(port: "Port", store: "KVStore", positions: torch.Tensor, rows: 
     kv = store.spec.kv_len
     if max(int(positions[r]) for r, row in enumerate(rows) if not row.done) < kv:
         return store
-    return store.grow(port.specs[port.stores.next_kv(kv)], positions - 1)
+    return store.grow(port.stores.specs[port.stores.next_kv(kv)], positions - 1)
 
 
 def _rows(port: "Port", request: GenerationRequest, tokenizer: Any) -> list[RowState]:
@@ -115,9 +115,9 @@ def _steps(port: "Port", request: GenerationRequest, tokenizer: Any, pad_id: int
     t0 = time.perf_counter()
     bucket, ids, lengths = pad_prompts(request.prompts, port.buckets, pad_id)
     inputs = port.inputs.prefill(ids, lengths, bucket)
-    store = port.inputs.new_store(len(rows), port.prefill_kv[bucket])
+    store = port.inputs.new_store(len(rows), port.stores.prefill_kv[bucket])
     step_host = time.perf_counter() - t0
-    logits, store, step_graph = _timed_step(port.prefill_runners[bucket], inputs, store)
+    logits, store, step_graph = _timed_step(port.runners.prefill[bucket], inputs, store)
     result.prefill_s, result.graph_s, result.host_s, result.decode_steps = time.perf_counter() - t0, step_graph, 0.0, 0
     positions = lengths.clone()
     t_dec = time.perf_counter()
@@ -142,7 +142,7 @@ def _steps(port: "Port", request: GenerationRequest, tokenizer: Any, pad_id: int
         kv = store.spec.kv_len
         inputs = port.inputs.decode(next_tok, torch.clamp(positions, max=kv - 1), kv)
         step_host = time.perf_counter() - h0
-        logits, store, step_graph = _timed_step(port.decode_runners[kv], inputs, store)
+        logits, store, step_graph = _timed_step(port.runners.decode[kv], inputs, store)
         result.graph_s += step_graph
         positions = positions + 1
         result.decode_steps += 1

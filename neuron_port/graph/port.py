@@ -1,89 +1,81 @@
-"""A two-graph port of one rank: host inputs, runners, KV store shapes.
+"""A two-graph port of one rank: host inputs, runners, and the graphs while it has them.
 
-``Port`` holds one rank's :class:`~neuron_port.graph.shapes.StoreShapes`, its
-:class:`~neuron_port.graph.host_inputs.HostInputs` (embeddings, masks, one-hot writes) and its
-:class:`~neuron_port.graph.runners.Runners` (the graphs, eager or compiled). The generation
-loop over it lives in :mod:`neuron_port.generation.static_batch`.
+``Port`` is a small value: its :class:`~neuron_port.graph.host_inputs.HostInputs` (the rank's
+:class:`~neuron_port.graph.shapes.StoreShapes`, embeddings, masks, one-hot writes), its
+:class:`~neuron_port.graph.runners.Runners` (the graphs, eager or compiled) and its
+:class:`~neuron_port.graph.graphs.GraphSet` (None once compiled runners replace them, or for a
+port loaded from an artifact). The generation loop over it lives in
+:mod:`neuron_port.generation.static_batch`.
 
-Ways to make one:
+One constructor per source:
 
-* ``Port(model, layout, buckets, kv_lens)`` — graphs over an unsharded model (tp 1);
-* :meth:`Port.for_rank` — graphs over one tensor-parallel rank's shard, its local KV heads and
-  KV-head gathers taken from the rank's shard plan;
-* :meth:`Port.from_runners` — compiled runners loaded from an artifact, no model at all.
+* :meth:`Port.over_model` — graphs over a model (unsharded, or a spread model with its local KV
+  heads); the model is copied first, since the graphs switch its attention function;
+* :meth:`Port.for_rank` — graphs over one tensor-parallel rank's shard (the rank's own copy), its
+  local KV heads and KV-head gathers taken from the rank's shard plan;
+* :meth:`Port.from_runners` — compiled runners loaded from an artifact, no model at all
+  (:func:`neuron_port.artifacts.reader.load_rank_port` is the one way to get rank r's).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Sequence
+import copy
+from typing import TYPE_CHECKING, Mapping
 
 import torch
 from torch import nn
 
-from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.errors import BucketError
-from neuron_port.graph.graphs import DecodeGraph, GraphSet, build_graphs
+from neuron_port.graph.embedding import HostEmbeddings
+from neuron_port.graph.graphs import GraphSet, build_graphs
 from neuron_port.graph.host_inputs import HostInputs
-from neuron_port.graph.kv import KVStore, KVStoreSpec
-from neuron_port.model.layout import Layout
+from neuron_port.graph.kv import KVStore
 from neuron_port.graph.runners import Runners, compile_graphs, eager_runners
 from neuron_port.graph.shapes import PortShape, StoreShapes, select_bucket
-from neuron_port.graph.step import Runnable, StepInputs
+from neuron_port.graph.step import StepInputs
+from neuron_port.model.layout import Layout, describe
 
 if TYPE_CHECKING:
     from neuron_port.parallel.ranks import Rank
 
 
 class Port:
-    """Host inputs + runners + KV store shapes for one model (one TP rank)."""
+    """Host inputs + runners (+ graphs) for one model (one TP rank)."""
 
-    def __init__(
-        self,
-        model: nn.Module | None,
-        layout: Layout,
-        prompt_buckets: Sequence[int],
-        kv_lens: int | Sequence[int],
-        ring_buffers: bool = True,
-        kv_heads: dict[int, int] | None = None,
-        embeddings: HostEmbeddings | None = None,
-        runners: tuple[dict[int, Runnable], dict[int, Runnable]] | None = None,
-        batch: int | None = None,
-        kv_expand: Mapping[int, torch.Tensor] | None = None,
-    ):
-        """Build graphs over ``model``, or (``model=None``) use ``runners`` = (prefill by bucket,
-        decode by KV length) together with ``embeddings``; ``batch``: the rows such runners were
-        compiled for (None: any). ``kv_heads`` and ``kv_expand`` describe a tensor-parallel
-        shard (see :meth:`for_rank`, which fills them from the rank's plan)."""
-        if model is None and (runners is None or embeddings is None):
-            raise ValueError("a Port without a model needs both runners and embeddings")
-        stores = PortShape(prompt_buckets, kv_lens, ring_buffers).stores(layout, kv_heads)
-        graphs = build_graphs(model, stores, kv_expand) if model is not None else None
-        if runners is not None:
-            ready = Runners(dict(runners[0]), dict(runners[1]), batch, compiled=True)
-        else:
-            ready = eager_runners(graphs)
-        self._assemble(layout, stores, embeddings or HostEmbeddings.from_model(model), ready, graphs)
-
-    def _assemble(self, layout: Layout, stores: StoreShapes, embeddings: HostEmbeddings, runners: Runners,
-                  graphs: GraphSet | None) -> None:
-        self.inputs = HostInputs(layout, stores, embeddings)
+    def __init__(self, inputs: HostInputs, runners: Runners, graphs: GraphSet | None = None):
+        self.inputs = inputs
         self.runners = runners
         self.graphs = graphs
 
     @classmethod
+    def _build(cls, model: nn.Module, layout: Layout, shape: PortShape, kv_heads: dict[int, int] | None,
+               kv_expand: Mapping[int, torch.Tensor] | None) -> "Port":
+        """Eager graphs over ``model`` itself (which they change: callers pass a model of the port's own)."""
+        stores = shape.stores(layout, kv_heads)
+        graphs = build_graphs(model, stores, kv_expand)
+        return cls(HostInputs(layout, stores, HostEmbeddings.from_model(model)), eager_runners(graphs), graphs)
+
+    @classmethod
+    def over_model(cls, model: nn.Module, shape: PortShape, layout: Layout | None = None,
+                   kv_heads: dict[int, int] | None = None, *, owned: bool = False) -> "Port":
+        """Graphs over a copy of ``model`` (``layout``: default ``describe(model)``; ``kv_heads``: a
+        spread model's local KV-head count per layer). ``owned``: the caller hands over a model made
+        for this port alone, and it is used without a copy."""
+        model = model if owned else copy.deepcopy(model)
+        return cls._build(model, layout or describe(model), shape, kv_heads, None)
+
+    @classmethod
     def for_rank(cls, rank: "Rank", shape: PortShape) -> "Port":
-        """Graphs over a rank's shard, with its local KV-head counts and KV-head gathers."""
+        """Graphs over a rank's shard, with its local KV-head counts and KV-head gathers (the rank's
+        model is its own: it is used as it is)."""
         if rank.model is None:
             raise ValueError(f"rank {rank.rank} has no model to build graphs over (an artifact rank: use from_runners)")
-        return cls(rank.model, rank.layout, shape.buckets, shape.kv_lens, shape.ring_buffers,
-                   kv_heads=rank.local_kv_heads, kv_expand=rank.kv_expand)  # the stores of shape.rank_stores(setup)[rank]
+        return cls._build(rank.model, rank.layout, shape, rank.local_kv_heads, rank.kv_expand)
 
     @classmethod
     def from_runners(cls, layout: Layout, stores: StoreShapes, embeddings: HostEmbeddings, runners: Runners) -> "Port":
         """A port over runners loaded from an artifact (no model, no Hugging Face forward)."""
-        port = cls.__new__(cls)
-        port._assemble(layout, stores, embeddings, runners, None)
-        return port
+        return cls(HostInputs(layout, stores, embeddings), runners)
 
     # ---- compiling ---------------------------------------------------------------------------
     def compile(self, backend, batch: int = 1, desc: str = "compiling") -> None:
@@ -120,23 +112,12 @@ class Port:
 
     @property
     def stores(self) -> StoreShapes:
+        """KV store shapes by length (``stores.specs``, ``stores.prefill_kv``, ``stores.rings``)."""
         return self.inputs.stores
-
-    @property
-    def embeddings(self) -> HostEmbeddings:
-        return self.inputs.embeddings
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.inputs.dtype
 
     @property
     def buckets(self) -> list[int]:
         return self.stores.buckets
-
-    @property
-    def kv_lens(self) -> list[int]:
-        return self.stores.kv_lens
 
     @property
     def kv_len(self) -> int:
@@ -144,77 +125,9 @@ class Port:
         return self.stores.kv_len
 
     @property
-    def specs(self) -> dict[int, KVStoreSpec]:
-        return self.stores.specs
-
-    @property
-    def spec(self) -> KVStoreSpec:
-        """The store at the largest KV length."""
-        return self.specs[self.kv_len]
-
-    @property
-    def prefill_kv(self) -> dict[int, int]:
-        return self.stores.prefill_kv
-
-    @property
-    def rings(self) -> dict[int, int | None]:
-        return self.stores.rings
-
-    @property
     def batch(self) -> int | None:
         """Rows the runners take: None while they are eager graphs (any batch)."""
         return self.runners.batch
-
-    @property
-    def prefill_runners(self) -> dict[int, Runnable]:
-        return self.runners.prefill
-
-    @property
-    def decode_runners(self) -> dict[int, Runnable]:
-        return self.runners.decode
-
-    @property
-    def prefill_graphs(self) -> dict:
-        return self.graphs.prefill if self.graphs is not None else {}
-
-    @property
-    def decode_graphs(self) -> dict:
-        return self.graphs.decode if self.graphs is not None else {}
-
-    @property
-    def decode_graph(self) -> DecodeGraph:
-        return self.decode_graphs[self.kv_len]
-
-    # ---- list forms of earlier releases (kept for one release; use ``port.inputs``) -----------
-    def host_inputs_prefill(self, ids: torch.Tensor, lengths: torch.Tensor, bucket: int) -> list[torch.Tensor]:
-        """ids [batch, bucket] right-padded, lengths [batch] -> the prefill step's 8 inputs, as a list."""
-        return list(self.inputs.prefill(ids, lengths, bucket))
-
-    def host_inputs_decode(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int | None = None) -> list[torch.Tensor]:
-        """tokens [batch], positions [batch] -> the decode step's 8 inputs (fresh tensors), as a list."""
-        return list(self.inputs.decode_fresh(tokens, positions, kv_len or self.kv_len))
-
-    def decode_inputs(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int | None = None) -> list[torch.Tensor]:
-        """The decode step's 8 inputs written into preallocated tensors (reused every step), as a list."""
-        return list(self.inputs.decode(tokens, positions, kv_len or self.kv_len))
-
-    def example_inputs_prefill(self, bucket: int, batch: int = 1) -> list[torch.Tensor]:
-        """Flat tracing inputs of a prefill graph (step inputs, then the store)."""
-        inputs, store = self.inputs.example_prefill(bucket, batch)
-        return [*inputs, *store]
-
-    def example_inputs_decode(self, kv_len: int, batch: int = 1) -> list[torch.Tensor]:
-        """Flat tracing inputs of a decode graph (step inputs, then the store)."""
-        inputs, store = self.inputs.example_decode(kv_len, batch)
-        return [*inputs, *store]
-
-    def new_store(self, batch: int, kv_len: int | None = None) -> list[torch.Tensor]:
-        """A zeroed store in graph order, as a list (``port.inputs.new_store`` gives a KVStore)."""
-        return self.inputs.new_store(batch, kv_len or self.kv_len).tensors()
-
-    def grow_store(self, store: list[torch.Tensor], old_kv: int, new_kv: int, last_position: torch.Tensor) -> list[torch.Tensor]:
-        """A store (list form) at ``old_kv`` copied into ``new_kv`` (see :meth:`KVStore.grow`)."""
-        return KVStore.from_tensors(self.specs[old_kv], store).grow(self.specs[new_kv], last_position).tensors()
 
 
 __all__ = ["Port", "select_bucket"]

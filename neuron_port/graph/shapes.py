@@ -103,6 +103,11 @@ class StoreShapes:
         """The largest KV length (how far a request can grow)."""
         return self.shape.kv_lens[-1]
 
+    @property
+    def largest(self) -> KVStoreSpec:
+        """The store at the largest KV length."""
+        return self.specs[self.kv_len]
+
     def kv_layout(self) -> dict[str, list[dict[str, Any]]]:
         """JSON of every store's buffers (an artifact's manifest records it per rank)."""
         return {

@@ -15,6 +15,7 @@ a dead or failing rank into a :class:`~neuron_port.errors.ParallelRankError` nam
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -142,13 +143,23 @@ def _gloo_reduce(x: torch.Tensor) -> torch.Tensor:
     return process_group_reduce(x)
 
 
+def join_process_group(init: str, rank: int, tp: int, timeout: datetime.timedelta | None = None) -> None:
+    """Join the gloo group of ``tp`` ranks that meets at ``init`` (``tcp://127.0.0.1:PORT``) as
+    ``rank``: the one place the package starts a process group (the gloo ranks here, the serving
+    lockstep). ``timeout``: how long a collective waits (torch's default when None)."""
+    import torch.distributed as dist
+
+    extra = {"timeout": timeout} if timeout is not None else {}
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=tp, **extra)
+
+
 def _gloo_entry(rank: int, tp: int, init: str, fn: RankFn, out_dir: str, threads: int) -> None:
     import torch.distributed as dist
 
     os.environ[CHILD_ENV] = "1"
     os.environ.pop(SPAWN_DIR_ENV, None)
     torch.set_num_threads(threads)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=tp)
+    join_process_group(init, rank, tp)
     try:
         result = fn(rank, _gloo_reduce)
         (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))
@@ -260,5 +271,5 @@ def _rank_failure(out_dir: str, tp: int, fallback: str, first: int | None = None
     return ParallelRankError(fallback)
 
 
-__all__ = ["Reduce", "identity_reduce", "CHILD_ENV", "is_tp_child", "rank_failure_message", "run_in_process",
+__all__ = ["Reduce", "identity_reduce", "CHILD_ENV", "join_process_group", "is_tp_child", "rank_failure_message", "run_in_process",
            "run_gloo", "free_port"]

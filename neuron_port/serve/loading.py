@@ -48,14 +48,11 @@ def _artifact_port(path: Path) -> tuple[Port, Any, int, Any]:
     from neuron_port.artifacts.manifest import host_ranks, verify
     from neuron_port.artifacts.reader import artifact_setup, load_rank_port
     from neuron_port.model.configs import load_config
-    from neuron_port.parallel.launch import identity_reduce
-    from neuron_port.parallel.ranks import make_rank
 
     manifest = verify(path)
     config = load_config(path / "config.json")
     if host_ranks(manifest) == 1:
-        rank = make_rank(artifact_setup(path, manifest), 0, identity_reduce, None)
-        return load_rank_port(path, manifest, rank), config, int(manifest["batch"]), None
+        return load_rank_port(path, manifest, 0), config, int(manifest["batch"]), None
     from neuron_port.serve.lockstep import Lockstep
 
     family = artifact_setup(path, manifest).layout.family

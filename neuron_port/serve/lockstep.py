@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from neuron_port.artifacts.manifest import host_ranks
-from neuron_port.parallel.launch import CHILD_ENV, free_port
+from neuron_port.parallel.launch import CHILD_ENV, free_port, join_process_group
 
 Round = tuple[list[int], list[tuple[list[int], Any]]]
 """(slots released before the round, (prompt, params) of each request admitted in it)."""
@@ -36,12 +36,10 @@ STEP_TIMEOUT = datetime.timedelta(minutes=10)  # a collective inside a step (or 
 
 
 def _rank_port(directory: str, manifest: dict, rank: int):
-    from neuron_port.artifacts.reader import artifact_setup, load_rank_port
+    from neuron_port.artifacts.reader import load_rank_port
     from neuron_port.parallel.collectives import process_group_reduce
-    from neuron_port.parallel.ranks import make_rank
 
-    setup = artifact_setup(directory, manifest)
-    return load_rank_port(directory, manifest, make_rank(setup, rank, process_group_reduce, None))
+    return load_rank_port(directory, manifest, rank, process_group_reduce)
 
 
 def _follow(rank: int, tp: int, init: str, directory: str, manifest: dict, slots: int, pad_id: int) -> None:
@@ -50,7 +48,7 @@ def _follow(rank: int, tp: int, init: str, directory: str, manifest: dict, slots
     from neuron_port.model.tokenizer import load_tokenizer
 
     os.environ[CHILD_ENV] = "1"
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=tp, timeout=STEP_TIMEOUT)
+    join_process_group(init, rank, tp, STEP_TIMEOUT)
     rounds = dist.new_group(backend="gloo", timeout=ROUND_TIMEOUT)
     try:
         batch = SlotBatch(_rank_port(directory, manifest, rank), slots, load_tokenizer(directory), pad_id)
@@ -79,7 +77,7 @@ class Lockstep:
                                       name=f"neuron-port-rank{r}", daemon=True) for r in range(1, self.tp)]
         for proc in self.followers:
             proc.start()
-        dist.init_process_group("gloo", init_method=init, rank=0, world_size=self.tp, timeout=STEP_TIMEOUT)
+        join_process_group(init, 0, self.tp, STEP_TIMEOUT)
         self.rounds = dist.new_group(backend="gloo", timeout=ROUND_TIMEOUT)
         self.port = _rank_port(str(directory), manifest, 0)
 
