@@ -33,7 +33,7 @@ from neuron_port import describe
 from neuron_port.backends import get_backend
 from neuron_port.model.configs import load_config_dict, tiny_config_dict
 from neuron_port.families import family_for
-from neuron_port.families.decoder import TINY_INITIALIZER_RANGE
+from neuron_port.families.parts import TINY_INITIALIZER_RANGE
 from neuron_port.model.loading import build_model, force_eager
 from neuron_port.generation.generate import generate
 from neuron_port.generation.request import GenerationRequest

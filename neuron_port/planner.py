@@ -294,7 +294,7 @@ def plan_capacity(
     )
 
 
-def format_plan(plan: Plan) -> str:
+def format_capacity_plan(plan: Plan) -> str:
     c = plan.per_core_bytes
     mib = 1 << 20
     lines = [
@@ -339,4 +339,4 @@ def save_chart(plan: Plan, path: str) -> None:
     plt.close(fig)
 
 
-__all__ = ["Target", "TARGETS", "Plan", "plan_capacity", "format_plan", "save_chart", "device_params_per_core", "MEASURED"]
+__all__ = ["Target", "TARGETS", "Plan", "plan_capacity", "format_capacity_plan", "save_chart", "device_params_per_core", "MEASURED"]

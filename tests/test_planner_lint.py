@@ -144,9 +144,9 @@ def test_lint_flags_index_assignment_cache_writes():
 
     real = describe(load_config("gemma-4-e2b"))
     vector = _scan(_trace(IndexWrite(), [torch.zeros(8, 4), torch.tensor([3, 5]), torch.ones(2, 4)]), "g", 512, real, 2)
-    assert any(f.rule == "neuron-hostile-op" and "index_put" in f.where for f in vector)
+    assert any(f.name == "neuron-hostile-op" and "index_put" in f.where for f in vector)
     scalar = _scan(_trace(IndexWrite(), [torch.zeros(8, 4), torch.tensor(3), torch.ones(4)]), "g", 512, real, 2)
-    assert any(f.rule == "value-baked-into-trace" for f in scalar)
+    assert any(f.name == "value-baked-into-trace" for f in scalar)
 
 
 def test_lint_cli_12b_warns_about_fused_attention_window():

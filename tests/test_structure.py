@@ -385,3 +385,47 @@ def test_one_place_starts_process_groups():
     starters = sorted(name for name, text in sources.items() if "init_process_group(" in text)
     assert starters == ["neuron_port.parallel.launch"]
     assert sources["neuron_port.parallel.launch"].count("init_process_group(") == 1
+
+
+def _reexports(sources: dict[str, str]) -> list[str]:
+    """``module.name`` for every name a module lists in ``__all__`` but imports from another
+    neuron_port module (a package's ``__init__`` is its public face and may)."""
+    found = []
+    for name, text in sources.items():
+        if name.count(".") < 1 or sources is None:
+            continue
+        tree = ast.parse(text)
+        imported = {alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
+                    and (node.module or "").startswith("neuron_port") for alias in node.names}
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+                found += [f"{name}.{e.value}" for e in node.value.elts if e.value in imported]
+    return found
+
+
+def test_no_module_re_exports_another_modules_names():
+    modules = _modules()
+    sources = {name: path.read_text() for name, path in modules.items() if path.name != "__init__.py"}
+    assert _reexports(sources) == []
+    planted = {"neuron_port.graph.x": "from neuron_port.graph.shapes import select_bucket\n__all__ = ['select_bucket']\n"}
+    assert _reexports(planted) == ["neuron_port.graph.x.select_bucket"]
+
+
+def test_one_check_type():
+    """Self-checks, lint findings, artifact checks and the doctor all report ``checks.check.Check``."""
+    from neuron_port.checks.check import Check
+
+    classes = sorted(f"{name}.{node.name}" for name, path in _modules().items()
+                     for node in ast.walk(ast.parse(path.read_text()))
+                     if isinstance(node, ast.ClassDef) and node.name in ("Check", "Finding"))
+    assert classes == ["neuron_port.checks.check.Check"]
+    finding = Check.finding("xla-fallback", "error", "aten::nonzero", "ran on the CPU", "move it")
+    assert finding.failed and finding.to_finding() == {"rule": "xla-fallback", "severity": "error",
+                                                       "where": "aten::nonzero", "detail": "ran on the CPU",
+                                                       "fix": "move it"}
+    assert Check("port", "pass", "equal").to_json() == {"name": "port", "status": "pass", "detail": "equal", "fix": ""}
+    assert Check(**Check("logits", "fail", "off", "fix it").to_json()) == Check("logits", "fail", "off", "fix it")
+    import pytest
+
+    with pytest.raises(ValueError, match="status is one of"):
+        Check("x", "error", "a severity is not a status")

@@ -78,7 +78,7 @@ def test_lint_findings_name_each_problem_and_nothing_on_a_clean_report():
         "dynamic-shape": _report(dynamic_dimensions={"decode_64": 2}),
     }
     for rule, report in cases.items():
-        assert [f.rule for f in findings_of(report)] == [rule]
+        assert [f.name for f in findings_of(report)] == [rule]
 
 
 # ---- the SPMD layout of a shard plan -----------------------------------------------------------

@@ -34,7 +34,7 @@ from neuron_port.backends.nxd_artifact import write_nxd_rank
 from neuron_port.backends.weight_pool import HOST_PREFIX
 from neuron_port.model.configs import config_to_dict
 from neuron_port.graph.embedding import HostEmbeddings
-from neuron_port.families import adapter_source, family_of
+from neuron_port.families import DecoderFamily, adapter_source
 from neuron_port.model.localdir import write_tokenizer
 from neuron_port.model.loading import checkpoint_state
 from neuron_port.graph.port import Port
@@ -58,16 +58,15 @@ def compile_rank(out_dir: str, shape: PortShape, backend_name: str, batch: int, 
     rank_dir.mkdir(parents=True, exist_ok=True)
     # The rank's weights, once for all its graphs; a tied head reads the host's word table (not stored twice).
     named = {**checkpoint_state(rank.model, clone=False),
-             HOST_PREFIX + "word": family_of(rank.model).word_embedding(rank.model).weight.detach()}
+             HOST_PREFIX + "word": rank.layout.family.word_embedding(rank.model).weight.detach()}
     save_runners(port.runners, backend, rank_dir, named)
     return {"kv_layout": port.stores.kv_layout(), "runners": port.runners.facts()}
 
 
-def write_host_files(out: Path, model: nn.Module, source: dict[str, Any],
+def write_host_files(out: Path, model: nn.Module, family: DecoderFamily, source: dict[str, Any],
                      tokenizer_dir: str | Path | None) -> tuple[dict[str, Any], HostEmbeddings]:
     """config.json, embeddings.safetensors and the tokenizer files; returns the config dict and
-    the host embeddings written."""
-    family = family_of(model)
+    the host embeddings written (``family``: the model's adapter, resolved by the caller)."""
     config = family.text_config_of(model)
     config_dict = config_to_dict(config)
     (out / "config.json").write_text(json.dumps(config_dict, indent=2))
@@ -114,7 +113,7 @@ def write_artifact(
     get_backend(backend)
     check_setup_matches(setup, model)
     with atomic_directory(out_dir) as tmp:
-        config_dict, embeddings = write_host_files(tmp, model, source, tokenizer_dir)
+        config_dict, embeddings = write_host_files(tmp, model, setup.layout.family, source, tokenizer_dir)
         if backend in ("nxd", "neuron"):  # one ModelBuilder traces every core's graphs from this process
             ranks = [write_nxd_rank(tmp / "rank0", model, setup, shape, batch)]
         else:
@@ -123,7 +122,7 @@ def write_artifact(
             "backend": backend,
             "versions": installed_versions(),
             "model_type": config_dict["model_type"],
-            "adapter": adapter_source(family_of(model)).to_json(),
+            "adapter": adapter_source(setup.layout.family).to_json(),
             "config_hash": config_hash(config_dict),
             "weights_fingerprint": weights_fingerprint(checkpoint_state(model, clone=False)),
             "source": source,

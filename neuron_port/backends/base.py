@@ -10,12 +10,13 @@ has one KV length (:func:`check_single_kv_length`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 from torch import nn
 
-Runnable = Callable[..., Sequence[torch.Tensor]]
+from neuron_port.graph.step import Runnable
+
 
 
 class Backend(Protocol):
@@ -39,4 +40,4 @@ def check_single_kv_length(kv_lens: Sequence[int], backend: str) -> None:
                          f"takes one KV length; found kv_lens {list(kv_lens)}: pass one (e.g. --kv-lens {max(kv_lens)})")
 
 
-__all__ = ["Backend", "Runnable", "RESIDENT_KV_BACKENDS", "check_single_kv_length"]
+__all__ = ["Backend", "RESIDENT_KV_BACKENDS", "check_single_kv_length"]

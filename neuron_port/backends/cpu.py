@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from neuron_port.backends.base import Runnable
+from neuron_port.graph.step import Runnable
 from neuron_port.backends.static_graph_passes import optimize_traced
 from neuron_port.backends.weight_pool import WeightPool, bind_graphs, save_lifted, view_key
 

@@ -33,7 +33,7 @@ from typing import Mapping, Sequence
 import torch
 from safetensors.torch import save_file
 
-from neuron_port.model.tensorfile import DTYPES, read_header, read_tensors
+from neuron_port.model.tensorfile import SAFETENSORS_DTYPES, read_header, read_tensors
 
 LIFT_MIN_BYTES = 256
 """Tensor constants at least this large leave the graph for the pool; smaller ones (scalars,
@@ -182,7 +182,7 @@ class WeightPool:
         (safetensors refuses shared memory)."""
         seen: set[int] = set()
         out = {}
-        readable = set(DTYPES.values())
+        readable = set(SAFETENSORS_DTYPES.values())
         for name, t in self.tensors.items():
             if t.dtype not in readable:
                 raise TypeError(f"pooled tensor {name!r} has dtype {t.dtype}, which the artifact reader does not "

@@ -23,7 +23,8 @@ import torch
 
 from neuron_port.errors import NeuronPortError
 from neuron_port.families import DecoderFamily, family_for
-from neuron_port.checks.selfcheck import Check, as_json, model_self_checks
+from neuron_port.checks.check import Check
+from neuron_port.checks.selfcheck import as_json, model_self_checks
 
 SAMPLE_TEXTS = ("hello world", "the capital of france is paris", "water and fire")
 UNK_FLOOD = 0.2
@@ -78,7 +79,7 @@ def _files(directory: Path, is_artifact: bool) -> Check:
     return Check("files", "pass", f"{', '.join(want)} present")
 
 
-def _tokenizer(directory: Path, config, family: DecoderFamily) -> Check:
+def _tokenizer_check(directory: Path, config, family: DecoderFamily) -> Check:
     problems = tokenizer_problems(directory, family.vocab_size(config), family.special_ids(config).bos)
     if problems:
         return Check("tokenizer", "fail", "; ".join(problems),
@@ -220,7 +221,7 @@ def run_doctor(directory: str | Path, tokens: int = 8) -> list[Check]:
         checks.append(Check("config", "fail", str(exc), "config.json must be a config of a supported family (neuron_port.families.supported_model_types())"))
         return checks
     family = family_for(config.model_type)
-    checks.append(_tokenizer(directory, config, family))
+    checks.append(_tokenizer_check(directory, config, family))
     state = None
     if is_artifact:
         checks.append(Check("weights", "skip", "artifact: weights are covered by the manifest's file hashes"))
@@ -243,7 +244,7 @@ def report(checks: list[Check]) -> dict[str, Any]:
     return {"ok": not failed, "first_failure": failed[0].name if failed else None, "checks": as_json(checks)}
 
 
-def format_report(checks: list[Check]) -> str:
+def format_doctor_report(checks: list[Check]) -> str:
     failed = [c for c in checks if c.status == "fail"]
     lines = [f"FAILED: {failed[0].name} — {failed[0].detail}" if failed else "OK: every check passed"]
     for c in checks:
@@ -253,4 +254,4 @@ def format_report(checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["tokenizer_problems", "run_doctor", "report", "format_report"]
+__all__ = ["tokenizer_problems", "run_doctor", "report", "format_doctor_report"]

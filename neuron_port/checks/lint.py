@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from neuron_port.checks.check import Check
 from neuron_port.model.configs import load_config
 from neuron_port.errors import AdapterError
 from neuron_port.model.layout import Layout, describe
@@ -55,15 +55,6 @@ HOSTILE_OPS = {
     "aten::embedding": "embedding lookup on the device: gather on the host and feed activations (embedding.HostEmbeddings)",
 }
 ELEMENTWISE = {"aten::tanh", "aten::div", "aten::mul", "aten::exp", "aten::sigmoid", "aten::softmax", "aten::log_softmax"}
-
-
-@dataclass(frozen=True)
-class Finding:
-    rule: str
-    severity: str  # "error" | "warning" | "info"
-    where: str
-    detail: str
-    fix: str
 
 
 class _SoftcapInGraph(nn.Module):
@@ -112,7 +103,7 @@ def _shape_derived(value, memo: dict) -> bool:
     return result
 
 
-def _scan(traced: torch.jit.ScriptModule, name: str, tiny_vocab: int, real: Layout, dtype_bytes: int) -> list[Finding]:
+def _scan(traced: torch.jit.ScriptModule, name: str, tiny_vocab: int, real: Layout, dtype_bytes: int) -> list[Check]:
     findings = []
     for node in traced.inlined_graph.nodes():
         kind = node.kind()
@@ -120,12 +111,12 @@ def _scan(traced: torch.jit.ScriptModule, name: str, tiny_vocab: int, real: Layo
             source = next(iter(node.inputs()))
             producer = source.node().kind()
             if not _shape_derived(source, {}):
-                findings.append(Finding(
+                findings.append(Check.finding(
                     "value-baked-into-trace", "error", f"{name}: {kind} of {producer}",
                     "a tensor's value becomes a Python number: the trace freezes the example's value (a position, an index)",
                     "pass positions as tensors and select with one-hot arithmetic (neuron_port.graph.masks, neuron_port.graph.kv.onehot_write)"))
         if kind in HOSTILE_OPS:
-            findings.append(Finding("neuron-hostile-op", "error", f"{name}: {kind}", HOSTILE_OPS[kind].split(":")[0],
+            findings.append(Check.finding("neuron-hostile-op", "error", f"{name}: {kind}", HOSTILE_OPS[kind].split(":")[0],
                                     HOSTILE_OPS[kind].split(": ", 1)[-1]))
         if kind in ELEMENTWISE:
             for out in node.outputs():
@@ -134,7 +125,7 @@ def _scan(traced: torch.jit.ScriptModule, name: str, tiny_vocab: int, real: Layo
                     rows = int(math.prod(sizes[:-1]))
                     need = sbuf_bytes_per_partition(rows, real.vocab_size, dtype_bytes)
                     if need > SBUF_BYTES_PER_PARTITION:
-                        findings.append(Finding(
+                        findings.append(Check.finding(
                             "sbuf-overflow-vocab-elementwise", "error", f"{name}: {kind} over [rows={rows}, vocab]",
                             f"{need:,} B per SBUF partition (ceil({rows}/128) x {real.vocab_size:,} x {dtype_bytes} B) "
                             f"against {SBUF_BYTES_PER_PARTITION:,}",
@@ -144,7 +135,7 @@ def _scan(traced: torch.jit.ScriptModule, name: str, tiny_vocab: int, real: Layo
 
 
 def _graph_findings(tiny_config, real: Layout, softcap_in_graph: bool,
-                    dtype_bytes: int) -> tuple[list[str], list[Finding]]:
+                    dtype_bytes: int) -> tuple[list[str], list[Check]]:
     """(names of the graphs traced, findings on them): the tiny variant's prefill and decode graphs."""
     model = build_model(tiny_config, seed=0)
     tiny = describe(model)
@@ -153,7 +144,7 @@ def _graph_findings(tiny_config, real: Layout, softcap_in_graph: bool,
     graphs = {"prefill_16": (port.graphs.prefill[16], flat[0]), "decode_32": (port.graphs.decode[32], flat[1])}
     if softcap_in_graph:
         graphs = {k: (_SoftcapInGraph(g, tiny.softcap or 30.0), x) for k, (g, x) in graphs.items()}
-    findings: list[Finding] = []
+    findings: list[Check] = []
     for gname, (graph, inputs) in graphs.items():
         findings += _scan(_trace(graph, inputs), gname, tiny.vocab_size, real, dtype_bytes)
     return list(graphs), findings
@@ -169,19 +160,19 @@ def lint_model(name: str, softcap_in_graph: bool = False, dtype_bytes: int = 2) 
         tiny_config = load_config(name, tiny=True)
     except AdapterError as exc:
         traced: list[str] = []
-        findings = [Finding("graphs-not-traced", "warning", f"{real.model_type}: no tiny variant", str(exc),
+        findings = [Check.finding("graphs-not-traced", "warning", f"{real.model_type}: no tiny variant", str(exc),
                             "give the adapter a tiny variant (tiny_heads, or tiny_config_dict) to lint its graphs")]
     else:
         traced, findings = _graph_findings(tiny_config, real, softcap_in_graph, dtype_bytes)
     windows = sorted({s.window for s in real.layers if s.window})
     for w in windows:
         tiled = w * 4
-        findings.append(Finding(
+        findings.append(Check.finding(
             "attention-working-set", "info", f"sliding window {w}",
             f"tiled (eager) attention keeps one fp32 score row per partition: {tiled:,} B of {SBUF_BYTES_PER_PARTITION:,}",
             "the graphs use the library's eager attention (no fused custom-call)"))
         if w >= FUSED_ATTENTION_WINDOW_LIMIT:
-            findings.append(Finding(
+            findings.append(Check.finding(
                 "fused-attention-window", "warning", f"sliding window {w}",
                 f"the fused attention custom-call overflowed SBUF at window {FUSED_ATTENTION_WINDOW_LIMIT} in the field report",
                 "keep attention eager/tiled (neuron_port.model.loading.force_eager on the config)"))
@@ -191,9 +182,9 @@ def lint_model(name: str, softcap_in_graph: bool = False, dtype_bytes: int = 2) 
         "dtype_bytes": dtype_bytes,
         "sbuf_bytes_per_partition": SBUF_BYTES_PER_PARTITION,
         "graphs_traced": traced,
-        "findings": [asdict(f) for f in findings],
-        "errors": sum(f.severity == "error" for f in findings),
+        "findings": [f.to_finding() for f in findings],
+        "errors": sum(f.failed for f in findings),
     }
 
 
-__all__ = ["Finding", "lint_model", "sbuf_bytes_per_partition", "SBUF_BYTES_PER_PARTITION", "HOSTILE_OPS"]
+__all__ = ["lint_model", "sbuf_bytes_per_partition", "SBUF_BYTES_PER_PARTITION", "HOSTILE_OPS"]

@@ -26,15 +26,6 @@ from torch import nn
 from neuron_port.artifacts.manifest import weights_fingerprint
 from neuron_port.errors import GoldenMismatchError
 
-# top-k -> (atol, rtol) on the reference's top-k logits; None means the whole vocabulary.
-DEFAULT_LOGIT_TOLERANCES: dict[int | None, tuple[float, float]] = {
-    None: (1e-3, 0.05),
-    1000: (1e-3, 0.03),
-    50: (1e-3, 0.02),
-    5: (1e-3, 0.01),
-}
-
-
 def _state(model: nn.Module) -> dict[str, torch.Tensor]:
     from neuron_port.model.loading import checkpoint_state
 
@@ -99,21 +90,6 @@ def logit_metrics(got: torch.Tensor, want: torch.Tensor, top_ks: Sequence[int] =
         "min_cosine": float(cos.min()),
         "topk_agreement": agreement,
     }
-
-
-def check_logits(got: torch.Tensor, want: torch.Tensor, tolerances=DEFAULT_LOGIT_TOLERANCES) -> dict:
-    """Per top-k set of the reference: are the port's logits within (atol, rtol)? [steps, vocab] each."""
-    results = {}
-    for k, (atol, rtol) in tolerances.items():
-        if k is None or k >= want.shape[-1]:
-            idx = torch.arange(want.shape[-1]).expand(want.shape[0], -1)
-        else:
-            idx = torch.topk(want, k, dim=-1).indices
-        g, w = got.gather(-1, idx).double(), want.gather(-1, idx).double()
-        err = (g - w).abs()
-        ok = bool((err <= atol + rtol * w.abs()).all())
-        results["all" if k is None else str(k)] = {"pass": ok, "max_abs_error": float(err.max()), "atol": atol, "rtol": rtol}
-    return results
 
 
 @dataclass
@@ -220,13 +196,11 @@ def compare_with_golden(golden: Golden, model: nn.Module, port_tokens: Sequence[
 
 
 __all__ = [
-    "DEFAULT_LOGIT_TOLERANCES",
     "reference_generate",
     "teacher_forced_logits",
     "TokenComparison",
     "compare_tokens",
     "logit_metrics",
-    "check_logits",
     "Divergence",
     "classify_divergence",
     "first_divergence",

@@ -16,12 +16,14 @@ Each returns a :class:`Check` that passes or fails with the fix; ``neuron-port p
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 from torch import nn
 
+from neuron_port.checks.check import Check
+from neuron_port.checks.oracle import teacher_forced_logits
 from neuron_port.graph import attention
 from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.families import family_of
@@ -50,14 +52,6 @@ def logit_tolerance_for(backend: str, dtype: str) -> float:
     exact = backend in ("cpu", "cpu-eager", "xla") and str(dtype).removeprefix("torch.") in ("float32", "fp32")
     return LOGIT_TOLERANCE if exact else REDUCED_PRECISION_LOGIT_TOLERANCE
 PROBE_TOKENS = 64
-
-
-@dataclass
-class Check:
-    name: str
-    status: str  # "pass" | "fail" | "skip"
-    detail: str
-    fix: str = ""
 
 
 def probe_ids(vocab_size: int, count: int = PROBE_TOKENS) -> torch.Tensor:
@@ -211,8 +205,7 @@ def check_step_logits(model: nn.Module, prompt: Sequence[int], tokens: Sequence[
     steps = min(len(tokens), len(step_logits))
     if steps == 0:
         return Check("logits", "skip", "no steps to compare"), {}
-    ids = torch.tensor([list(prompt) + list(tokens[: steps - 1])])
-    reference = model(ids).logits[0, len(prompt) - 1:].float()
+    reference = teacher_forced_logits(model, list(prompt) + list(tokens[: steps - 1]))[len(prompt) - 1:].float()
     ours = [torch.as_tensor(step).reshape(-1, reference.shape[-1])[0] for step in step_logits[:steps]]
     return check_logits(ours, list(reference), family.softcap(family.text_config_of(model)), tolerance)
 
@@ -233,7 +226,7 @@ def checked_run_passed(out: dict[str, Any]) -> bool:
 
 
 def as_json(checks: Sequence[Check]) -> list[dict]:
-    return [asdict(check) for check in checks]
+    return [check.to_json() for check in checks]
 
 
 def result_fields(checks: Sequence[Check], logit_report: dict) -> dict[str, Any]:
@@ -274,5 +267,5 @@ def model_self_checks(model: nn.Module, setup: "RankSetup", shape: PortShape, pr
     return checks, report
 
 
-__all__ = ["LOGIT_TOLERANCE", "REDUCED_PRECISION_LOGIT_TOLERANCE", "logit_tolerance_for", "Check", "probe_ids", "check_embeddings", "check_attention", "check_logits",
+__all__ = ["LOGIT_TOLERANCE", "REDUCED_PRECISION_LOGIT_TOLERANCE", "logit_tolerance_for", "probe_ids", "check_embeddings", "check_attention", "check_logits",
            "check_step_logits", "check_loader", "model_self_checks", "tokens_must_match", "checked_run_passed", "as_json", "result_fields"]

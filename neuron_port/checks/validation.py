@@ -72,7 +72,8 @@ def artifact_self_checks(directory: str | Path, manifest: dict[str, Any], refere
     embedding files, and every step's logits (``out["step_logits"]``, removed from ``out``) after
     the softcap. Adds ``self_checks``, ``logit_check`` and ``self_checks_passed`` to ``out``."""
     from neuron_port.graph.embedding import load_host_embeddings
-    from neuron_port.checks.selfcheck import (Check, check_embeddings, check_step_logits, logit_tolerance_for, result_fields,
+    from neuron_port.checks.check import Check
+    from neuron_port.checks.selfcheck import (check_embeddings, check_step_logits, logit_tolerance_for, result_fields,
                                        tokens_must_match)
 
     step_logits = out.pop("step_logits", [])

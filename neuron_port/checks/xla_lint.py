@@ -20,42 +20,41 @@ they are; only the rules above are findings.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 from neuron_port.backends.hlo_text import DYNAMIC_SHAPE_NOTE, NEURON_REJECTED_OPCODES
-from neuron_port.checks.lint import Finding
+from neuron_port.checks.check import Check
 
 LINT_TOKENS = 20
 
 
-def findings_of(report: dict[str, Any]) -> list[Finding]:
+def findings_of(report: dict[str, Any]) -> list[Check]:
     """The findings of a lowering report (``XlaBackend.report()``)."""
-    found: list[Finding] = []
+    found: list[Check] = []
     if report["uncached_compiles"] > report["graphs"]:
-        found.append(Finding("xla-recompiles", "error", "generation",
+        found.append(Check.finding("xla-recompiles", "error", "generation",
                              f"{report['uncached_compiles']} uncached compiles for {report['graphs']} graph shapes",
                              "keep every per-step value a tensor input (positions, masks, writes); nothing read from a "
                              "Python scalar may change the traced graph"))
     for op, count in sorted(report["fallback_ops"].items()):
-        found.append(Finding("xla-fallback", "error", op, f"ran {count} times on the CPU outside the graph",
+        found.append(Check.finding("xla-fallback", "error", op, f"ran {count} times on the CPU outside the graph",
                              "replace the op with one XLA lowers, or move it to the host side of the step"))
     for name, kv in sorted(report["kv_tensors"].items()):
         if name not in report["aliased_buffers"]:
-            found.append(Finding("xla-not-observed", "error", name, "the graph ran but its HLO was not seen (compiled "
+            found.append(Check.finding("xla-not-observed", "error", name, "the graph ran but its HLO was not seen (compiled "
                                  "earlier in this process, or XLA's dumps are off)", "check it in a fresh process"))
             continue
         aliased = report["aliased_buffers"][name]
         if aliased < kv:
-            found.append(Finding("kv-not-aliased", "error", name, f"{aliased} of {kv} KV tensors aliased to outputs",
+            found.append(Check.finding("kv-not-aliased", "error", name, f"{aliased} of {kv} KV tensors aliased to outputs",
                                  "write the new K/V back into the store's own tensors so the store stays on the device"))
     for name, opcodes in sorted(report["hlo_opcodes"].items()):
         for op, why in sorted(NEURON_REJECTED_OPCODES.items()):
             if opcodes.get(op):
-                found.append(Finding("neuron-rejected-hlo", "error", f"{name}: {op} x{opcodes[op]}", why,
+                found.append(Check.finding("neuron-rejected-hlo", "error", f"{name}: {op} x{opcodes[op]}", why,
                                      "make the graph straight-line: fixed loops unrolled, choices as masks or selects"))
         if report["dynamic_dimensions"].get(name):
-            found.append(Finding("dynamic-shape", "error", name, f"{report['dynamic_dimensions'][name]} instructions: "
+            found.append(Check.finding("dynamic-shape", "error", name, f"{report['dynamic_dimensions'][name]} instructions: "
                                  f"{DYNAMIC_SHAPE_NOTE}", "pad to a bucket so every dimension is static"))
     return found
 
@@ -70,26 +69,25 @@ def lint_xla(name: str, tp: int = 1) -> dict[str, Any]:
     from neuron_port.generation.prompts import random_prompt
     from neuron_port.parallel.ranks import RankSetup
     from neuron_port.graph.shapes import PortShape
-    from neuron_port.backends.xla_port import xla_port
 
     model = build_model(load_config(name, tiny=True), seed=0)
     layout = describe(model)
-    # two KV lengths: the generation outgrows the first, so the store also grows on the device
-    port, backend = xla_port(model, RankSetup.for_layout(layout, tp), PortShape(32, (32, 64)))
     length = min(32, 2 * (layout.sliding_window or 12))  # past the window: the rings wrap
     bos = layout.family.special_ids(layout.family.text_config_of(model)).bos
-    generate(port, GenerationRequest.greedy([random_prompt(layout.vocab_size, length, bos=bos)], LINT_TOKENS))
-    return lowering_result(f"{name} tiny", tp, backend.report())
+    request = GenerationRequest.greedy([random_prompt(layout.vocab_size, length, bos=bos)], LINT_TOKENS)
+    # two KV lengths: the generation outgrows the first, so the store also grows on the device
+    result = generate(model, request, shape=PortShape(32, (32, 64)), setup=RankSetup.for_layout(layout, tp), backend="xla")
+    return lowering_result(f"{name} tiny", tp, result.lowering)
 
 
 def lowering_result(what: str, tp: int, report: dict[str, Any]) -> dict[str, Any]:
     """A lowering report with its findings: what ``lint --xla --json`` prints."""
     found = findings_of(report)
-    return {"model": what, "tp": tp, "xla": report, "findings": [asdict(f) for f in found],
-            "errors": sum(f.severity == "error" for f in found)}
+    return {"model": what, "tp": tp, "xla": report, "findings": [f.to_finding() for f in found],
+            "errors": sum(f.failed for f in found)}
 
 
-def format_report(result: dict[str, Any]) -> str:
+def format_lowering(result: dict[str, Any]) -> str:
     """A table of the graphs' lowering, then the findings."""
     x = result["xla"]
     lines = [f"{result['model']}, tp {result['tp']} on {x['devices']} XLA device(s): {x['graphs']} graphs, "
@@ -106,4 +104,4 @@ def format_report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["LINT_TOKENS", "findings_of", "lint_xla", "lowering_result", "format_report"]
+__all__ = ["LINT_TOKENS", "findings_of", "lint_xla", "lowering_result", "format_lowering"]

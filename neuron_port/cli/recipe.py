@@ -91,16 +91,14 @@ def check_on_xla(model: Any, setup: Any, shape: Any, args: argparse.Namespace) -
     from neuron_port.generation.request import GenerationRequest
     from neuron_port.generation.prompts import random_prompt
     from neuron_port.checks.validation import compare_with_reference
-    from neuron_port.checks.xla_lint import format_report, lowering_result
-    from neuron_port.backends.xla_port import xla_port
+    from neuron_port.checks.xla_lint import format_lowering, lowering_result
 
-    port, backend = xla_port(model, setup, shape)
     family = setup.layout.family
     prompt = random_prompt(setup.layout.vocab_size, args.prompt_len, bos=family.special_ids(family.text_config_of(model)).bos)
-    got = generate(port, GenerationRequest.greedy([prompt], args.max_new_tokens))
+    got = generate(model, GenerationRequest.greedy([prompt], args.max_new_tokens), shape=shape, setup=setup, backend="xla")
     result = compare_with_reference({"tokens": got.tokens[0]}, model, prompt, args.max_new_tokens)
-    lowering = lowering_result(setup.layout.model_type, setup.tp, backend.report())
-    print("\n".join(f"[xla] {line}" for line in format_report(lowering).splitlines()))
+    lowering = lowering_result(setup.layout.model_type, setup.tp, got.lowering)
+    print("\n".join(f"[xla] {line}" for line in format_lowering(lowering).splitlines()))
     print(f"SEQ_MATCH {result['seq_match']}")
     return 0 if result["seq_match"] else 1
 

@@ -19,7 +19,8 @@ import warnings
 from typing import Any
 
 from neuron_port.errors import UnsupportedArchitectureError
-from neuron_port.families.decoder import ATTENTION_ROLES, MLP_ROLES, DecoderFamily, RoleView, SpecialIds
+from neuron_port.families.decoder import DecoderFamily
+from neuron_port.families.parts import ATTENTION_ROLES, MLP_ROLES, RoleView, SpecialIds
 from neuron_port.families.gemma3 import GEMMA3, Gemma3Family
 from neuron_port.families.gemma4 import GEMMA4, Gemma4Family
 from neuron_port.families.llama import LLAMA, LlamaFamily

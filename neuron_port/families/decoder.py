@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from neuron_port.errors import AdapterError, UnsupportedArchitectureError
-from neuron_port.families.parts import (ATTENTION_ROLES, MLP_ROLES, TINY_HEAD_DIM, TINY_HIDDEN, TINY_INITIALIZER_RANGE,
-                                        TINY_INTERMEDIATE, TINY_PER_LAYER_INPUT, TINY_SPECIAL_IDS, TINY_VOCAB, RoleView,
+from neuron_port.families.parts import (MLP_ROLES, TINY_HEAD_DIM, TINY_HIDDEN, TINY_INITIALIZER_RANGE,
+                                        TINY_INTERMEDIATE, TINY_SPECIAL_IDS, TINY_VOCAB, RoleView,
                                         SpecialIds)
 
 
@@ -384,17 +384,4 @@ class DecoderFamily:
         return f"model.layers.{index}.{name}"
 
 
-__all__ = [
-    "RoleView",
-    "ATTENTION_ROLES",
-    "MLP_ROLES",
-    "DecoderFamily",
-    "SpecialIds",
-    "TINY_INITIALIZER_RANGE",
-    "TINY_VOCAB",
-    "TINY_HIDDEN",
-    "TINY_HEAD_DIM",
-    "TINY_INTERMEDIATE",
-    "TINY_PER_LAYER_INPUT",
-    "TINY_SPECIAL_IDS",
-]
+__all__ = ["DecoderFamily"]

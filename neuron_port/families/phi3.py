@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from neuron_port.errors import AdapterError
-from neuron_port.families.decoder import DecoderFamily, RoleView
+from neuron_port.families.decoder import DecoderFamily
+from neuron_port.families.parts import RoleView
 from neuron_port.families.mistral import MistralFamily
 
 

@@ -28,7 +28,7 @@ from neuron_port.errors import TemplateError
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _json_or_empty(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text()) if path.exists() else {}
     except (OSError, json.JSONDecodeError):
@@ -38,12 +38,12 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def tokenizer_config(directory: str | Path | None) -> dict[str, Any]:
     """``tokenizer_config.json`` of a model or artifact directory ({} when absent or unreadable)."""
-    return {} if directory is None else _read_json(Path(directory) / "tokenizer_config.json")
+    return {} if directory is None else _json_or_empty(Path(directory) / "tokenizer_config.json")
 
 
 def generation_config(directory: str | Path | None) -> dict[str, Any]:
     """``generation_config.json`` of a model or artifact directory ({} when absent or unreadable)."""
-    return {} if directory is None else _read_json(Path(directory) / "generation_config.json")
+    return {} if directory is None else _json_or_empty(Path(directory) / "generation_config.json")
 
 
 def generation_eos_ids(directory: str | Path | None, family: DecoderFamily | None = None) -> tuple[int, ...]:
@@ -168,7 +168,7 @@ def special_tokens(directory: str | Path | None) -> dict[str, str]:
     as variables): ``special_tokens_map.json`` overlaid by ``tokenizer_config.json``."""
     if directory is None:
         return {}
-    merged = {**_read_json(Path(directory) / "special_tokens_map.json"), **tokenizer_config(directory)}
+    merged = {**_json_or_empty(Path(directory) / "special_tokens_map.json"), **tokenizer_config(directory)}
     return {key: text for key, value in merged.items() if key.endswith("_token") and (text := _token_text(value))}
 
 
@@ -201,4 +201,14 @@ def stop_token_ids(model_dir: str | Path | None, eos: tuple[int, ...], chat: boo
     return list(dict.fromkeys(ids))
 
 
-__all__ = ["CHAT_TEMPLATE_FILE", "chat_format_of", "stop_token_ids", "special_tokens", "tokenizer_config", "generation_config", "generation_eos_ids", "chat_template", "render_template", "ChatFormat", "chat_format"]
+def generation_stop_ids(model_dir: str | Path | None, eos: tuple[int, ...], chat: bool, eos_means_end: bool,
+                        stop_at_eos: bool | None = None) -> list[int]:
+    """The ids a generation stops at: :func:`stop_token_ids` where the end-of-sequence token means
+    the end (``eos_means_end``: real weights, or a text prompt; a random-weight model's EOS is
+    noise and a random prompt's run a measurement), none otherwise; ``stop_at_eos`` (the commands'
+    ``--stop-at-eos`` / ``--ignore-eos``) decides instead when given."""
+    stop = eos_means_end if stop_at_eos is None else stop_at_eos
+    return stop_token_ids(model_dir, eos, chat) if stop else []
+
+
+__all__ = ["CHAT_TEMPLATE_FILE", "chat_format_of", "stop_token_ids", "generation_stop_ids", "special_tokens", "tokenizer_config", "generation_config", "generation_eos_ids", "chat_template", "render_template", "ChatFormat", "chat_format"]

@@ -81,6 +81,7 @@ def generate(
     tp: int | None = None,
     mode: Mode = "gloo",
     manifest: dict[str, Any] | None = None,
+    backend: str = "eager",
 ) -> GenerationResult:
     """Run ``request`` through the two-graph port of ``source``.
 
@@ -89,17 +90,25 @@ def generate(
     planned here at ``tp``, default 1) say what every rank builds; an artifact or a port brings its
     own, and giving them one is an error. ``manifest``: one :func:`neuron_port.artifacts.manifest.verify` already returned
     for an artifact (otherwise it is verified here). ``tokenizer``: what stop strings and the
-    result's texts need (without one, texts are empty and stop strings are refused).
+    result's texts need (without one, texts are empty and stop strings are refused). ``backend``
+    (a model only): ``eager`` runs every rank's graphs as they are (gloo processes or threads at
+    tp > 1, by ``mode``); ``xla`` lowers them through torch-xla in this process (SPMD over tp
+    devices) and the result carries the lowering report.
     """
     longest = max(len(p) for p in request.prompts)
     if isinstance(source, nn.Module):
         shape = shape or PortShape((32, 64, 128), 256)
         select_bucket(longest, shape.buckets)  # fail before any work
         setup = _setup_for(source, setup, tp)
+        if backend == "xla":
+            return _on_xla(source, request, tokenizer, setup, shape)
+        if backend != "eager":
+            raise ValueError(f"backend must be 'eager' or 'xla' for a model, found {backend!r}")
         work = _RankWork(request, tokenizer, crosses_processes=setup.tp > 1 and mode == "gloo")
         return _merge(run_ranks(functools.partial(_model_rank, shape, work), setup, source, mode))
-    if shape is not None or setup is not None or tp is not None:
-        raise ValueError("shape, setup and tp describe what to build over a model; a port or an artifact brings its own")
+    if shape is not None or setup is not None or tp is not None or backend != "eager":
+        raise ValueError("shape, setup, tp and backend describe what to build over a model; a port or an artifact "
+                         "brings its own")
     if isinstance(source, Port):
         return _merge([_on_port(source, _RankWork(request, tokenizer))])
     manifest = manifest or verify(source)
@@ -112,6 +121,16 @@ def generate(
         raise ValueError(f"a tp {setup.tp} artifact's graphs all-reduce over a process group: run it with mode='gloo'")
     work = _RankWork(request, tokenizer, crosses_processes=setup.tp > 1)
     return _merge(run_ranks(functools.partial(_artifact_rank, str(source), manifest, work), setup, None, mode))
+
+
+def _on_xla(model: nn.Module, request: GenerationRequest, tokenizer: Any, setup: RankSetup,
+            shape: PortShape) -> GenerationResult:
+    from neuron_port.backends.xla_port import xla_port
+
+    port, xla = xla_port(model, setup, shape, batch=request.batch)
+    result = _merge([_on_port(port, _RankWork(request, tokenizer))])
+    result.lowering = xla.report()
+    return result
 
 
 def _setup_for(model: nn.Module, setup: RankSetup | None, tp: int | None) -> RankSetup:

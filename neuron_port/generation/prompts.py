@@ -49,4 +49,10 @@ def text_prompt(tokenizer_dir: str | Path, text: str) -> list[int]:
     return tok.encode(text).ids
 
 
-__all__ = ["bos_prefix", "random_prompt", "text_prompt"]
+def staggered_prompts(prompt: list[int], batch: int, step: int = 3) -> list[list[int]]:
+    """``batch`` rows from one prompt, each ``step`` tokens shorter than the one before (at least one
+    token): a batch whose rows all have their own length, so a check covers every row's position."""
+    return [prompt[: max(1, len(prompt) - step * row)] for row in range(batch)]
+
+
+__all__ = ["staggered_prompts", "bos_prefix", "random_prompt", "text_prompt"]

@@ -87,7 +87,8 @@ class GenerationResult:
     ``step_logits``: rank 0's raw logits of every step, [batch, vocab] each, when the request kept
     them. ``per_rank_kv_cache_bytes``: each rank's store at its largest KV length;
     ``kv_cache_bytes_per_layer``: rank 0's, by owner layer; ``rank_disagreement``: some rank
-    produced other tokens than rank 0 (a broken collective)."""
+    produced other tokens than rank 0 (a broken collective); ``lowering``: the XLA backend's report
+    of its graphs when the source was lowered through torch-xla."""
 
     tokens: list[list[int]]
     texts: list[str]
@@ -103,6 +104,7 @@ class GenerationResult:
     kv_cache_bytes_per_layer: dict[str, int] = field(default_factory=dict)
     dtype_bytes: int = 4
     rank_disagreement: bool = False
+    lowering: dict[str, Any] | None = None  # how the graphs lowered, where the backend reports it (xla)
 
     @classmethod
     def empty(cls, batch: int) -> "GenerationResult":

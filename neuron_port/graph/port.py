@@ -31,7 +31,7 @@ from neuron_port.graph.graphs import GraphSet, build_graphs
 from neuron_port.graph.host_inputs import HostInputs
 from neuron_port.graph.kv import KVStore
 from neuron_port.graph.runners import Runners, compile_graphs, eager_runners
-from neuron_port.graph.shapes import PortShape, StoreShapes, select_bucket
+from neuron_port.graph.shapes import PortShape, StoreShapes
 from neuron_port.graph.step import StepInputs
 from neuron_port.model.layout import Layout, describe
 
@@ -130,4 +130,4 @@ class Port:
         return self.runners.batch
 
 
-__all__ = ["Port", "select_bucket"]
+__all__ = ["Port"]

@@ -52,6 +52,10 @@ class ParamAccount:
 
 @dataclass(frozen=True)
 class Layout:
+    """A model's decoder structure as the port needs it, with its family adapter resolved once
+    (``family``: looked up from ``model_type`` when the layout is made, then carried; a pickled
+    layout carries the model type only and resolves it again where it lands)."""
+
     model_type: str
     hidden_size: int
     vocab_size: int
@@ -64,6 +68,17 @@ class Layout:
     sliding_window: int | None  # None when no layer slides
     tied_embeddings: bool  # LM head shares the word embedding
     disagreements: tuple[str, ...] = field(default=())
+    family: DecoderFamily = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.family is None:
+            object.__setattr__(self, "family", family_for(self.model_type))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "family"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, family=family_for(state["model_type"]))
 
     def to_json(self) -> dict[str, Any]:
         """JSON fields: model_type, num_layers, layers, kv_owners, params (+ a few extras)."""
@@ -86,15 +101,11 @@ class Layout:
     def owner_specs(self) -> list[LayerSpec]:
         return [self.layers[i] for i in self.kv_owners]
 
-    @property
-    def family(self) -> DecoderFamily:
-        """The family adapter of this layout's model type."""
-        return family_for(self.model_type)
 
 
-def count_params(config: Any) -> ParamAccount:
+def count_params(config: Any, family: DecoderFamily | None = None) -> ParamAccount:
     """Parameter account of a text config, built on the meta device (nothing allocated)."""
-    family = family_for(config.model_type)
+    family = family or family_for(config.model_type)
     # The class is imported before the device mode is entered: torch 2.8 cannot import
     # torch._dynamo for the first time (as transformers' modeling modules do) under one.
     causal_lm = family.causal_lm_class(config.model_type)
@@ -112,8 +123,7 @@ def count_params(config: Any) -> ParamAccount:
     return ParamAccount(total=total, embedding=emb, per_layer_embedding=ple, transformer=total - emb - ple)
 
 
-def _layout_from_config(config: Any) -> Layout:
-    family = family_for(config.model_type)
+def _layout_from_config(config: Any, family: DecoderFamily) -> Layout:
     window = family.sliding_window(config)
     specs = []
     for i in range(family.num_layers(config)):
@@ -138,11 +148,12 @@ def _layout_from_config(config: Any) -> Layout:
         num_layers=family.num_layers(config),
         layers=tuple(specs),
         kv_owners=tuple(s.index for s in specs if s.is_owner),
-        params=count_params(config),
+        params=count_params(config, family),
         per_layer_input_size=family.per_layer_input_size(config),
         softcap=family.softcap(config),
         sliding_window=window,
         tied_embeddings=family.tied_embeddings(config),
+        family=family,
     )
 
 
@@ -181,10 +192,10 @@ def describe(config_or_model: Any) -> Layout:
     family = family_of(config_or_model) if isinstance(config_or_model, nn.Module) else family_for(config_or_model.model_type)
     try:
         if isinstance(config_or_model, nn.Module):
-            layout = _layout_from_config(family.text_config_of(config_or_model))
+            layout = _layout_from_config(family.text_config_of(config_or_model), family)
             problems = check_model(layout, config_or_model)
             return Layout(**{**layout.__dict__, "disagreements": tuple(problems)})
-        return _layout_from_config(config_or_model)
+        return _layout_from_config(config_or_model, family)
     except (AttributeError, KeyError, TypeError, IndexError) as exc:
         raise family.hook_error(exc) from exc
 

@@ -24,7 +24,7 @@ from neuron_port.errors import ConfigError
 from neuron_port.families import family_for, family_of
 
 
-DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPE_OPTIONS: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 """``--dtype`` names -> torch dtypes: float32 (the CPU reference's) and bfloat16 (what Inferentia2 runs)."""
 
 
@@ -35,9 +35,9 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     text = str(name).removeprefix("torch.")
     aliases = {"float32": "fp32", "bfloat16": "bf16"}
     key = aliases.get(text, text)
-    if key not in DTYPES:
-        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, found {name!r}")
-    return DTYPES[key]
+    if key not in DTYPE_OPTIONS:
+        raise ConfigError(f"dtype must be one of {', '.join(DTYPE_OPTIONS)}, found {name!r}")
+    return DTYPE_OPTIONS[key]
 
 
 @contextmanager
@@ -228,4 +228,4 @@ def save_model_dir(model: nn.Module, out_dir: str | Path) -> Path:
     return out
 
 
-__all__ = ["DTYPES", "parse_dtype", "cast_weights", "cast_state", "force_eager", "nonpersistent_buffer_owners", "init_nonpersistent_buffers", "build_model", "checkpoint_state", "model_from_name", "load_source", "read_checkpoint", "load_model_dir", "save_model_dir"]
+__all__ = ["DTYPE_OPTIONS", "parse_dtype", "cast_weights", "cast_state", "force_eager", "nonpersistent_buffer_owners", "init_nonpersistent_buffers", "build_model", "checkpoint_state", "model_from_name", "load_source", "read_checkpoint", "load_model_dir", "save_model_dir"]

@@ -23,7 +23,7 @@ import torch
 
 from neuron_port.errors import TensorFileError
 
-DTYPES = {
+SAFETENSORS_DTYPES = {
     "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
     "I8": torch.int8, "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64, "BOOL": torch.bool,
 }
@@ -50,9 +50,9 @@ def read_header(path: str | Path) -> tuple[dict[str, dict], int]:
     start = 8 + length
     for name, entry in header.items():
         begin, end = entry["data_offsets"]
-        if entry["dtype"] not in DTYPES:
+        if entry["dtype"] not in SAFETENSORS_DTYPES:
             raise TensorFileError(f"{path}: tensor {name}: dtype {entry['dtype']} is not supported")
-        want = DTYPES[entry["dtype"]].itemsize * _numel(entry["shape"])
+        want = SAFETENSORS_DTYPES[entry["dtype"]].itemsize * _numel(entry["shape"])
         if end - begin != want or start + end > size:
             raise TensorFileError(f"{path}: tensor {name}: expected {want} bytes at {begin}..{end} within "
                                   f"{size - start} data bytes")
@@ -79,7 +79,7 @@ def read_tensors(path: str | Path, names: Iterable[str],
             if name not in header:
                 raise TensorFileError(f"{path}: no tensor named {name}")
             entry = header[name]
-            tensor = torch.empty(entry["shape"], dtype=DTYPES[entry["dtype"]])
+            tensor = torch.empty(entry["shape"], dtype=SAFETENSORS_DTYPES[entry["dtype"]])
             flat = tensor.reshape(-1)  # a view (fresh tensors are contiguous); 0-d tensors become 1-d
             view = memoryview(flat.view(torch.uint8).numpy()).cast("B") if tensor.numel() else memoryview(b"")
             fh.seek(start + entry["data_offsets"][0])
@@ -93,4 +93,4 @@ def read_tensors(path: str | Path, names: Iterable[str],
     return out
 
 
-__all__ = ["DTYPES", "read_header", "read_tensors"]
+__all__ = ["SAFETENSORS_DTYPES", "read_header", "read_tensors"]

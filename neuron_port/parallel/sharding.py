@@ -234,7 +234,7 @@ def plan_model(layout: Layout, tp: int) -> ModelShardPlan:
     return ModelShardPlan(tp, layers)
 
 
-def format_plan(plan: ModelShardPlan) -> str:
+def format_shard_plan(plan: ModelShardPlan) -> str:
     """Readable summary: one line per distinct layer kind."""
     lines = [f"tp {plan.tp}"]
     seen = set()
@@ -270,5 +270,5 @@ __all__ = [
     "ModelShardPlan",
     "plan_model",
     "valid_model_tp",
-    "format_plan",
+    "format_shard_plan",
 ]

@@ -42,7 +42,7 @@ def _encoded(served: Served, text: str, param: str) -> list[int]:
         raise Rejected(400, str(exc), param=param) from None
 
 
-def prompt_ids(served: Served, body: CommonFields) -> list[int]:
+def checked_prompt_ids(served: Served, body: CommonFields) -> list[int]:
     """The prompt as token ids, checked against the vocabulary and the buckets."""
     if body.model != served.model_id:
         raise Rejected(404, f"the model {body.model!r} does not exist; this server serves {served.model_id!r}",
@@ -97,7 +97,7 @@ def _sampling(served: Served, body: CommonFields) -> SamplingParams:
 
 def admit(served: Served, body: CommonFields, chat: bool) -> Admitted:
     """Check a request and build its prompt and per-choice parameters (or raise :class:`Rejected`)."""
-    ids = prompt_ids(served, body)
+    ids = checked_prompt_ids(served, body)
     max_tokens = _max_tokens(served, body, len(ids))
     stops = () if body.stop is None else ((body.stop,) if isinstance(body.stop, str) else tuple(body.stop))
     if stops and served.tokenizer is None:
@@ -117,4 +117,4 @@ def admit(served: Served, body: CommonFields, chat: bool) -> Admitted:
     return Admitted(ids, choices, logprobs)
 
 
-__all__ = ["DEFAULT_MAX_TOKENS", "Admitted", "prompt_ids", "admit"]
+__all__ = ["DEFAULT_MAX_TOKENS", "Admitted", "checked_prompt_ids", "admit"]

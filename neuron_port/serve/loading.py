@@ -79,7 +79,7 @@ def _model_port(target: str, tiny: bool, seed: int, shape: PortShape, slim: bool
     return port, config, max_batch
 
 
-def _tokenizer(path: Path, tiny: bool, vocab_size: int):
+def _served_tokenizer(path: Path, tiny: bool, vocab_size: int):
     if path.is_dir():
         return load_tokenizer(path)
     if tiny:
@@ -109,7 +109,7 @@ def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = Fal
         port, config, fixed = _model_port(target, tiny, seed, PortShape(buckets, kv_lens), slim, max_batch, dtype)
     family = port.layout.family
     special = family.special_ids(config)
-    tokenizer = _tokenizer(path, tiny, port.layout.vocab_size)
+    tokenizer = _served_tokenizer(path, tiny, port.layout.vocab_size)
     engine = Engine(port, tokenizer, slots=fixed or max_batch, max_queue=max_queue, pad_id=special.pad or 0,
                     lockstep=lockstep, admission=batching)
     name = path.name if path.is_dir() else target

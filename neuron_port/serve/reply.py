@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator
 from fastapi.responses import JSONResponse
 
 from neuron_port.serve.engine import Submission
-from neuron_port.generation.request_state import TokenEvent
+from neuron_port.generation.request_state import CONTEXT_TOKENS, TokenEvent
 from neuron_port.serve.loading import Served
 from neuron_port.serve.metrics import Metrics
 
@@ -40,7 +40,6 @@ def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-CONTEXT_TOKENS = 8  # tokens of context a token's text is decoded after
 DISCONNECT_POLL_S = 1.0
 
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from neuron_port.cli.commands.common import (add_dtype_option, add_prompt_options, emit_generation, int_list, print_json,
-                                         prompt_ids)
+                                         prompt_from_args)
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
@@ -57,7 +57,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from neuron_port.artifacts.manifest import verify
     from neuron_port.errors import ArtifactError
     from neuron_port.checks.reference import reference_model
-    from neuron_port.generation.chat import stop_token_ids
+    from neuron_port.generation.chat import generation_stop_ids
     from neuron_port.model.tokenizer import decode_completion
     from neuron_port.model.loading import parse_dtype
     from neuron_port.model.configs import load_config
@@ -73,10 +73,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     config = load_config(Path(args.dir) / "config.json")
     family = family_for(config.model_type)
     special = family.special_ids(config)
-    prompt = prompt_ids(args, args.dir, family.vocab_size(config), special.bos)
+    prompt = prompt_from_args(args, args.dir, family.vocab_size(config), special.bos)
     texts = args.prompt is not None or args.chat is not None
-    stop_on_eos = texts if args.stop_at_eos is None else args.stop_at_eos
-    stop_ids = stop_token_ids(args.dir, special.eos, args.chat is not None) if stop_on_eos else []
+    stop_ids = generation_stop_ids(args.dir, special.eos, args.chat is not None, eos_means_end=texts,
+                                   stop_at_eos=args.stop_at_eos)
     request = GenerationRequest.greedy([prompt], args.max_new_tokens, stop_ids, keep_logits=args.check)
     out = artifact_run_report(args.dir, manifest, prompt, generate(args.dir, request, manifest=manifest))
     out["dtype"] = manifest.get("dtype")

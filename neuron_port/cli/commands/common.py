@@ -24,7 +24,7 @@ def int_list(text: str) -> list[int]:
     return values
 
 
-def prompt_ids(args: argparse.Namespace, source: str, vocab: int, bos: int | None) -> list[int]:
+def prompt_from_args(args: argparse.Namespace, source: str, vocab: int, bos: int | None) -> list[int]:
     """``--chat MESSAGE`` through ``source``'s chat format, ``--prompt TEXT`` tokenised with its
     tokenizer.json (special tokens as the tokenizer adds them), or ``--prompt-len`` seeded random
     ids with ``bos`` first."""
@@ -75,4 +75,4 @@ def add_dtype_option(p: argparse.ArgumentParser, what: str) -> None:
                    help=f"dtype {what}; the host softcap and sampling stay float32 (default fp32)")
 
 
-__all__ = ["print_json", "int_list", "prompt_ids", "emit_generation", "add_prompt_options", "add_dtype_option"]
+__all__ = ["print_json", "int_list", "prompt_from_args", "emit_generation", "add_prompt_options", "add_dtype_option"]

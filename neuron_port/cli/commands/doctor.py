@@ -8,13 +8,13 @@ from neuron_port.cli.commands.common import print_json
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from neuron_port.checks.doctor import format_report, report, run_doctor
+    from neuron_port.checks.doctor import format_doctor_report, report, run_doctor
 
     checks = run_doctor(args.dir, tokens=args.tokens)
     if args.json:
         print_json(report(checks))
     else:
-        print(format_report(checks))
+        print(format_doctor_report(checks))
     return 0 if report(checks)["ok"] else 1
 
 

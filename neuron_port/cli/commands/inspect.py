@@ -23,21 +23,21 @@ def _cmd_shard_plan(args: argparse.Namespace) -> int:
     from neuron_port.model.configs import load_config
     from neuron_port.model.layout import describe
     from neuron_port.parallel.ranks import RankSetup
-    from neuron_port.parallel.sharding import format_plan
+    from neuron_port.parallel.sharding import format_shard_plan
 
     layout = describe(load_config(args.model, tiny=args.tiny))
     plan = RankSetup.for_layout(layout, args.tp).plan
     if args.json:
         print_json({"model": args.model, "model_type": layout.model_type, **plan.to_json()})
     else:
-        print(format_plan(plan))
+        print(format_shard_plan(plan))
     return 0
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from neuron_port.model.configs import load_config
     from neuron_port.model.layout import describe
-    from neuron_port.planner import Target, format_plan, plan_capacity, save_chart
+    from neuron_port.planner import Target, format_capacity_plan, plan_capacity, save_chart
 
     config = load_config(args.model, tiny=args.tiny)
     plan = plan_capacity(describe(config), config, args.model, Target.parse(args.target), args.dtype, args.tp,
@@ -47,7 +47,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print_json(plan.to_json())
     else:
-        print(format_plan(plan))
+        print(format_capacity_plan(plan))
     return 0
 
 
@@ -69,14 +69,14 @@ def _cmd_lint(args: argparse.Namespace) -> int:
 
 def _lint_xla(args: argparse.Namespace) -> int:
     from neuron_port.backends.xla import require_xla
-    from neuron_port.checks.xla_lint import format_report, lint_xla
+    from neuron_port.checks.xla_lint import format_lowering, lint_xla
 
     require_xla()
     result = lint_xla(args.model, tp=args.tp)
     if args.json:
         print_json(result)
     else:
-        print(format_report(result))
+        print(format_lowering(result))
     return 1 if result["errors"] else 0
 
 

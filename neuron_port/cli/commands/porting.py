@@ -6,11 +6,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from neuron_port.cli.commands.common import add_dtype_option, add_prompt_options, emit_generation, int_list, prompt_ids
+from neuron_port.cli.commands.common import add_dtype_option, add_prompt_options, emit_generation, int_list, prompt_from_args
 
 
 def _cmd_port(args: argparse.Namespace) -> int:
-    from neuron_port.generation.chat import stop_token_ids
+    from neuron_port.generation.chat import generation_stop_ids
+    from neuron_port.generation.prompts import staggered_prompts
     from neuron_port.generation.generate import generate
     from neuron_port.generation.request import GenerationRequest
     from neuron_port.graph.kv import naive_kv_bytes
@@ -39,23 +40,14 @@ def _cmd_port(args: argparse.Namespace) -> int:
     config = family.text_config_of(model)
     special = family.special_ids(config)
     is_dir = Path(args.model).is_dir()
-    # A random-weight model's end-of-sequence token is noise: stop on it only for real weights.
-    stop_on_eos = is_dir if args.stop_at_eos is None else args.stop_at_eos
-    stop_ids = stop_token_ids(args.model if is_dir else None, special.eos, args.chat is not None) if stop_on_eos else []
-    prompt = prompt_ids(args, args.model, family.vocab_size(config), special.bos)
-    prompts = [prompt[: max(1, len(prompt) - 3 * row)] for row in range(args.batch)]
+    stop_ids = generation_stop_ids(args.model if is_dir else None, special.eos, args.chat is not None,
+                                   eos_means_end=is_dir, stop_at_eos=args.stop_at_eos)
+    prompt = prompt_from_args(args, args.model, family.vocab_size(config), special.bos)
+    prompts = staggered_prompts(prompt, args.batch)
     layout = setup.layout
     shape = PortShape(args.buckets, args.kv_len)
     request = GenerationRequest.greedy(prompts, args.max_new_tokens, stop_ids, keep_logits=args.check)
-    lowering = None
-    if args.backend == "xla":
-        from neuron_port.backends.xla_port import xla_port
-
-        port, backend = xla_port(model, setup, shape, batch=args.batch)
-        result = generate(port, request)
-        lowering = backend.report()
-    else:
-        result = generate(model, request, shape=shape, setup=setup)
+    result = generate(model, request, shape=shape, setup=setup, backend="xla" if args.backend == "xla" else "eager")
     out: dict[str, Any] = {
         "model": args.model, "tiny": args.tiny, "backend": args.backend, "tp": args.tp, "batch": args.batch,
         "dtype": args.dtype,
@@ -73,8 +65,8 @@ def _cmd_port(args: argparse.Namespace) -> int:
     if args.tp > 1:
         out["per_rank_kv_cache_bytes"] = [s.specs[args.kv_len].total_bytes(args.batch, result.dtype_bytes)
                                           for s in shape.rank_stores(setup)]
-    if lowering is not None:
-        out["xla"] = lowering
+    if result.lowering is not None:
+        out["xla"] = result.lowering
     if args.batch > 1:
         out["rows"] = [{"prompt_tokens": len(p), "tokens": t} for p, t in zip(prompts, result.tokens)]
     if is_dir and (args.prompt is not None or args.chat is not None):
