@@ -31,17 +31,17 @@ import time
 
 import torch
 
+from neuron_port.checks.oracle import reference_generate
+from neuron_port.checks.reference import hf_reference_model
 from neuron_port.generation.generate import generate
+from neuron_port.generation.prompts import text_prompt
 from neuron_port.generation.request import GenerationRequest
+from neuron_port.graph.port import Port
+from neuron_port.graph.shapes import PortShape
 from neuron_port.model.layout import describe
 from neuron_port.model.loading import load_model_dir
-from neuron_port.checks.oracle import reference_generate
 from neuron_port.model.pretrained import PRETRAINED, pretrained_dir, unavailable_reason
-from neuron_port.generation.prompts import text_prompt
-from neuron_port.graph.port import Port
 from neuron_port.parallel.ranks import RankSetup, run_ranks
-from neuron_port.checks.reference import hf_reference_model
-from neuron_port.graph.shapes import PortShape
 
 PROMPTS = (
     "The capital of France is",
@@ -92,7 +92,7 @@ def _step_errors(reference, prompt: list[int], tokens: list[int], step_logits: l
 
 
 def _agreement(got: list[int], want: list[int]) -> int:
-    return next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    return next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
 
 
 def measure(name: str, prompts: tuple[str, ...], new_tokens: int) -> dict:

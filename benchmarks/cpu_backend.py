@@ -25,11 +25,11 @@ import torch
 from neuron_port import describe, load_config
 from neuron_port.backends import get_backend
 from neuron_port.backends.static_graph_passes import node_count
-from neuron_port.model.loading import build_model
 from neuron_port.generation.generate import generate
 from neuron_port.generation.request import GenerationRequest
 from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape
+from neuron_port.model.loading import build_model
 
 SIDES = {"eager": ("cpu-eager", {}), "compiled_torchscript_unoptimized": ("cpu", {"passes": False}),
          "compiled_torchscript": ("cpu", {})}
@@ -75,18 +75,31 @@ def main() -> None:
         for side, port in ports.items():
             best[side] = min(best[side], _decode_ms_per_token(port, prompt, args.tokens))
     results = {side: {"decode_ms_per_token": round(best[side], 3), "compile_s": round(compile_s[side], 3)} for side in SIDES}
-    nodes = {side: node_count(ports[side].runners.decode[kv_len].graph) for side in ("compiled_torchscript_unoptimized", "compiled_torchscript")}
-    print(json.dumps({
-        "model": f"{args.model} ({args.variant})",
-        "threads": torch.get_num_threads(),
-        "context": args.context,
-        **results,
-        "ratio_eager_over_compiled": round(best["eager"] / best["compiled_torchscript"], 2),
-        "ratio_unoptimized_over_compiled": round(best["compiled_torchscript_unoptimized"] / best["compiled_torchscript"], 2),
-        "passes": backends["compiled_torchscript"].pass_counts,
-        "decode_graph_nodes": {"unoptimized": nodes["compiled_torchscript_unoptimized"], "optimized": nodes["compiled_torchscript"]},
-        "same_tokens": tokens["eager"] == tokens["compiled_torchscript"] == tokens["compiled_torchscript_unoptimized"],
-    }, indent=2))
+    nodes = {
+        side: node_count(ports[side].runners.decode[kv_len].graph)
+        for side in ("compiled_torchscript_unoptimized", "compiled_torchscript")
+    }
+    print(
+        json.dumps(
+            {
+                "model": f"{args.model} ({args.variant})",
+                "threads": torch.get_num_threads(),
+                "context": args.context,
+                **results,
+                "ratio_eager_over_compiled": round(best["eager"] / best["compiled_torchscript"], 2),
+                "ratio_unoptimized_over_compiled": round(
+                    best["compiled_torchscript_unoptimized"] / best["compiled_torchscript"], 2
+                ),
+                "passes": backends["compiled_torchscript"].pass_counts,
+                "decode_graph_nodes": {
+                    "unoptimized": nodes["compiled_torchscript_unoptimized"],
+                    "optimized": nodes["compiled_torchscript"],
+                },
+                "same_tokens": tokens["eager"] == tokens["compiled_torchscript"] == tokens["compiled_torchscript_unoptimized"],
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

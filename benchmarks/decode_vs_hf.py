@@ -31,14 +31,14 @@ import torch
 
 from neuron_port import describe
 from neuron_port.backends import get_backend
-from neuron_port.model.configs import load_config_dict, tiny_config_dict
 from neuron_port.families import family_for
 from neuron_port.families.parts import TINY_INITIALIZER_RANGE
-from neuron_port.model.loading import build_model, force_eager
 from neuron_port.generation.generate import generate
 from neuron_port.generation.request import GenerationRequest
 from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape
+from neuron_port.model.configs import load_config_dict, tiny_config_dict
+from neuron_port.model.loading import build_model, force_eager
 
 MID = {"hidden_size": 64, "intermediate_size": 256, "vocab_size": 8192, "vocab_size_per_layer_input": 8192}
 
@@ -151,8 +151,11 @@ def main() -> None:
         print(json.dumps(out, indent=2))
         return
     for r in results:
-        print(f"{r['variant']:>5} ctx {r['context']:>5}: port {r['port_tok_per_s']:>8.1f} tok/s, HF {r['hf_tok_per_s']:>8.1f} tok/s, "
-              f"ratio {r['ratio']:.2f}, same tokens {r['same_tokens']}")
+        print(
+            f"{r['variant']:>5} ctx {r['context']:>5}: port {r['port_tok_per_s']:>8.1f} tok/s, "
+            f"HF {r['hf_tok_per_s']:>8.1f} tok/s, "
+            f"ratio {r['ratio']:.2f}, same tokens {r['same_tokens']}"
+        )
 
 
 if __name__ == "__main__":

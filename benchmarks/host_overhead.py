@@ -25,13 +25,13 @@ import time
 import torch
 
 from neuron_port import describe, load_config
+from neuron_port.generation.generate import generate
+from neuron_port.generation.request import GenerationParams, GenerationRequest
+from neuron_port.generation.sampling import SamplingParams, reference_distribution
 from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.graph.port import Port
 from neuron_port.graph.runners import Runners
 from neuron_port.graph.shapes import PortShape
-from neuron_port.generation.generate import generate
-from neuron_port.generation.request import GenerationParams, GenerationRequest
-from neuron_port.generation.sampling import SamplingParams, reference_distribution
 
 DEVICE_STEP_MS_ANCHOR = 23.0  # field report: E2B decode on one NeuronCore, ~23 ms per token
 SAMPLED = SamplingParams(temperature=1.0, top_k=64, top_p=0.95)

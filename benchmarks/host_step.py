@@ -16,10 +16,10 @@ import time
 
 import torch
 
+from neuron_port.generation.sampling import SamplingParams, filtered_distribution, reference_distribution
 from neuron_port.graph import masks
 from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.graph.scratch import DecodeScratch
-from neuron_port.generation.sampling import SamplingParams, filtered_distribution, reference_distribution
 
 
 def _time(fn, repeats: int) -> float:
@@ -45,15 +45,24 @@ def main() -> None:
     greedy = _time(lambda: torch.argmax(logits), args.repeats)
     pos = torch.tensor([1000])
     step_inputs = _time(
-        lambda: (masks.decode_masks(pos, args.kv_len, args.window, args.window), masks.decode_writes(pos, args.kv_len, args.window)),
+        lambda: (
+            masks.decode_masks(pos, args.kv_len, args.window, args.window),
+            masks.decode_writes(pos, args.kv_len, args.window),
+        ),
         args.repeats,
     )
     # Whole decode-step host inputs at E2B's real widths (hidden 1536, 35 layers x 256 per-layer
     # inputs, bf16 tables); the tables hold 32,768 rows here, since a gather's cost does not depend
     # on how many rows it could have picked.
     rows, hidden, layers, per_layer = 32768, 1536, 35, 256
-    emb = HostEmbeddings(torch.randn(rows, hidden).bfloat16(), torch.randn(rows, layers * per_layer).bfloat16(), layers, per_layer,
-                         hidden**0.5, per_layer**0.5)
+    emb = HostEmbeddings(
+        torch.randn(rows, hidden).bfloat16(),
+        torch.randn(rows, layers * per_layer).bfloat16(),
+        layers,
+        per_layer,
+        hidden**0.5,
+        per_layer**0.5,
+    )
     scratch = DecodeScratch(1, args.kv_len, args.window, args.window, emb, torch.bfloat16)
     tok = torch.tensor([123])
 
@@ -64,16 +73,28 @@ def main() -> None:
 
     preallocated_ms = _time(lambda: scratch.fill(tok, pos), args.repeats)
     fresh_ms = _time(fresh, args.repeats)
-    print(json.dumps({
-        "vocab": args.vocab,
-        "sampling_ms": {"library_topk_topp": round(fast, 3), "dense_reference": round(dense, 3),
-                        "ratio_reference_over_library": round(dense / fast, 2), "greedy_argmax": round(greedy, 3)},
-        "decode_masks_and_writes_ms": round(step_inputs, 4),
-        "decode_host_inputs_ms": {"preallocated": round(preallocated_ms, 4), "fresh_tensors": round(fresh_ms, 4),
-                                  "ratio_fresh_over_preallocated": round(fresh_ms / preallocated_ms, 2)},
-        "kv_len": args.kv_len,
-        "threads": torch.get_num_threads(),
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "vocab": args.vocab,
+                "sampling_ms": {
+                    "library_topk_topp": round(fast, 3),
+                    "dense_reference": round(dense, 3),
+                    "ratio_reference_over_library": round(dense / fast, 2),
+                    "greedy_argmax": round(greedy, 3),
+                },
+                "decode_masks_and_writes_ms": round(step_inputs, 4),
+                "decode_host_inputs_ms": {
+                    "preallocated": round(preallocated_ms, 4),
+                    "fresh_tensors": round(fresh_ms, 4),
+                    "ratio_fresh_over_preallocated": round(fresh_ms / preallocated_ms, 2),
+                },
+                "kv_len": args.kv_len,
+                "threads": torch.get_num_threads(),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -44,9 +44,9 @@ def plot(results: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), sharey=True)
-    for ax, (name, rows) in zip(axes if len(results) > 1 else [axes], results.items()):
+    for ax, (name, rows) in zip(axes if len(results) > 1 else [axes], results.items(), strict=True):
         ctx = [r["context"] for r in rows]
-        for design, style in zip(DESIGNS, ("-o", "--s", ":^")):
+        for design, style in zip(DESIGNS, ("-o", "--s", ":^"), strict=True):
             ax.loglog(ctx, [r[design] / 2**20 for r in rows], style, label=design.replace("_", " "), base=2)
         ax.set_title(name)
         ax.set_xlabel("context (tokens)")

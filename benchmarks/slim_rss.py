@@ -43,7 +43,7 @@ def write_random_tables(path: Path, tables: dict[str, tuple[int, int]], seed: in
     gen = torch.Generator().manual_seed(seed)
     with open(path, "wb") as fh:
         fh.write(struct.pack("<Q", len(raw)) + raw)
-        for name, shape in tables.items():
+        for shape in tables.values():
             left = shape[0] * shape[1]
             while left:
                 n = min(left, _CHUNK)
@@ -57,8 +57,8 @@ def child(model_dir: str, loader: str, steps: int) -> dict:
     import resource
 
     from neuron_port import load_config
-    from neuron_port.graph.embedding import HostEmbeddings, load_host_embeddings
     from neuron_port.families import family_for
+    from neuron_port.graph.embedding import HostEmbeddings, load_host_embeddings
     from neuron_port.graph.scratch import DecodeScratch
 
     def rss() -> int:
@@ -111,8 +111,8 @@ def main() -> None:
         return
 
     from neuron_port import describe, load_config
-    from neuron_port.model.configs import config_to_dict
     from neuron_port.families import family_for
+    from neuron_port.model.configs import config_to_dict
 
     config = load_config(args.model, tiny=args.smoke)
     layout = describe(config)

@@ -62,8 +62,8 @@ def _measure(kind: str, target: str, new_tokens: int) -> dict:
 
 
 def _tiny_e2b_dir(root: Path) -> Path:
-    from neuron_port.model.localdir import write_tokenizer
     from neuron_port.model.loading import model_from_name
+    from neuron_port.model.localdir import write_tokenizer
 
     model = model_from_name("gemma-4-e2b", tiny=True, seed=0)
     out = root / "tiny-e2b"

@@ -29,12 +29,12 @@ import time
 import torch
 
 from neuron_port import describe, load_config
+from neuron_port.backends.xla_port import xla_port
 from neuron_port.generation.generate import generate
 from neuron_port.generation.request import GenerationRequest
+from neuron_port.graph.shapes import PortShape
 from neuron_port.model.loading import build_model, init_nonpersistent_buffers
 from neuron_port.parallel.ranks import RankSetup
-from neuron_port.graph.shapes import PortShape
-from neuron_port.backends.xla_port import xla_port
 
 PROMPT_LEN = 20
 
@@ -64,28 +64,41 @@ def tiny_comparison(new_tokens: int) -> dict:
     prompt = [2] + list(range(30, 30 + PROMPT_LEN - 1))
     port, backend = xla_port(model, RankSetup.for_layout(describe(model), 1), PortShape(32, 64))
     recorder = backend.recorder
-    port_runs = [_measured(recorder, f"port_{run}", lambda: generate(port, GenerationRequest.greedy([prompt], new_tokens)).tokens[0])
-                 for run in ("cold", "warm")]
+    port_runs = [
+        _measured(recorder, f"port_{run}", lambda: generate(port, GenerationRequest.greedy([prompt], new_tokens)).tokens[0])
+        for run in ("cold", "warm")
+    ]
     hf = model.to(torch_xla.device())
     ids = torch.tensor([prompt]).to(torch_xla.device())
 
     def hf_generate():
         with torch.no_grad():
-            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
-                              cache_implementation="static", pad_token_id=0, eos_token_id=None)
-        return out[0, len(prompt):].tolist()
+            out = hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new_tokens,
+                do_sample=False,
+                cache_implementation="static",
+                pad_token_id=0,
+                eos_token_id=None,
+            )
+        return out[0, len(prompt) :].tolist()
 
     hf_runs = [_measured(recorder, f"hf_{run}", hf_generate) for run in ("cold", "warm")]
     lowered = backend.report()  # the port's graphs were recorded by its own runners
-    port_runs[0].update(hlo_instructions_compiled=sum(lowered["hlo_instructions"].get(g, 0) for g in ("prefill_32", "decode_64")),
-                        compile_s=round(sum(lowered["compile_s"].get(g, 0) for g in ("prefill_32", "decode_64")), 3),
-                        hlo_instructions_per_graph={g: lowered["hlo_instructions"][g] for g in ("prefill_32", "decode_64")})
+    port_runs[0].update(
+        hlo_instructions_compiled=sum(lowered["hlo_instructions"].get(g, 0) for g in ("prefill_32", "decode_64")),
+        compile_s=round(sum(lowered["compile_s"].get(g, 0) for g in ("prefill_32", "decode_64")), 3),
+        hlo_instructions_per_graph={g: lowered["hlo_instructions"][g] for g in ("prefill_32", "decode_64")},
+    )
     same = port_runs[0].pop("tokens") == hf_runs[0].pop("tokens")
     for run in port_runs[1:] + hf_runs[1:]:
         run.pop("tokens")
     return {
-        "new_tokens": new_tokens, "tokens_equal": same,
-        "port": {"cold": port_runs[0], "warm": port_runs[1]}, "hf_static_cache": {"cold": hf_runs[0], "warm": hf_runs[1]},
+        "new_tokens": new_tokens,
+        "tokens_equal": same,
+        "port": {"cold": port_runs[0], "warm": port_runs[1]},
+        "hf_static_cache": {"cold": hf_runs[0], "warm": hf_runs[1]},
         "ratio_hf_over_port": {
             "uncached_compiles_cold": round(hf_runs[0]["uncached_compiles"] / max(1, port_runs[0]["uncached_compiles"]), 2),
             "ms_per_token_warm": round(hf_runs[1]["ms_per_token"] / port_runs[1]["ms_per_token"], 2),
@@ -112,14 +125,21 @@ def real_e2b_decode(kv_len: int) -> dict:
     host_only = {id(family.word_embedding(model)), id(family.per_layer_embedding(model))}
     for module in model.modules():  # materialise every tensor but the host-only embedding tables
         if id(module) in host_only:  # a one-row stand-in: the graph never reads these tables
-            module.weight = torch.nn.Parameter(torch.zeros((1, module.weight.shape[1]), dtype=torch.bfloat16),
-                                               requires_grad=False)
+            module.weight = torch.nn.Parameter(
+                torch.zeros((1, module.weight.shape[1]), dtype=torch.bfloat16), requires_grad=False
+            )
             continue
         for name, tensor in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
             if not tensor.is_meta:
                 continue
-            real = torch.randn(tensor.shape, dtype=torch.bfloat16) * 0.02 if tensor.is_floating_point() else torch.zeros(tensor.shape, dtype=tensor.dtype)
-            setattr(module, name, torch.nn.Parameter(real, requires_grad=False) if isinstance(tensor, torch.nn.Parameter) else real)
+            real = (
+                torch.randn(tensor.shape, dtype=torch.bfloat16) * 0.02
+                if tensor.is_floating_point()
+                else torch.zeros(tensor.shape, dtype=tensor.dtype)
+            )
+            setattr(
+                module, name, torch.nn.Parameter(real, requires_grad=False) if isinstance(tensor, torch.nn.Parameter) else real
+            )
     init_nonpersistent_buffers(model, config)  # RoPE tables and embedding scales, as transformers computes them
     stores = PortShape(1, kv_len).stores(layout)
     graph = DecodeGraph(model, stores.specs[kv_len])
@@ -134,11 +154,18 @@ def real_e2b_decode(kv_len: int) -> dict:
         runner(*[x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs], *store)
     report = backend.report()
     name = f"decode_{kv_len}"
-    return {"kv_len": kv_len, "dtype": "bf16", "hlo_instructions": report["hlo_instructions"].get(name),
-            "compile_s": report["compile_s"].get(name), "first_step_s": round(time.perf_counter() - t0, 2),
-            "aliased_buffers": report["aliased_buffers"].get(name), "kv_tensors": report["kv_tensors"].get(name),
-            "peak_host_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-            "inf2_xlarge_host_gib": 16, "devices": torch_xla.runtime.world_size()}
+    return {
+        "kv_len": kv_len,
+        "dtype": "bf16",
+        "hlo_instructions": report["hlo_instructions"].get(name),
+        "compile_s": report["compile_s"].get(name),
+        "first_step_s": round(time.perf_counter() - t0, 2),
+        "aliased_buffers": report["aliased_buffers"].get(name),
+        "kv_tensors": report["kv_tensors"].get(name),
+        "peak_host_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        "inf2_xlarge_host_gib": 16,
+        "devices": torch_xla.runtime.world_size(),
+    }
 
 
 class _ShapeOnlyEmbeddings:

@@ -2,11 +2,12 @@
 
 "E4B" is marketed as 4B effective; it has 7.46 B real parameters. Prefill and decode graphs that
 each carry their own weights do not fit one 16 GiB core even in bf16 (the field report's first
-try); with one set of weights for both graphs, as the backends build them, the planner fits it
-on one core. The recipe still runs at TP=2 by default: the GQA case, and the field report's
-measured configuration (about 36 tok/s). GQA bites here: 8 query heads share 2 KV heads. Each rank takes 4 query heads and exactly the one
-KV head they attend, and keeps the repeat factor at 4 (dividing it by the TP degree as well is
-the classic "4-vs-8 repeat_kv" bug). KV sharing works as on E2B: layers 0-23 own KV.
+try); with one set of weights for both graphs, as the backends build them, the planner fits it on
+one core. The recipe still runs at TP=2 by default: the GQA case, and the field report's measured
+configuration (about 36 tok/s). GQA bites here: 8 query heads share 2 KV heads. Each rank takes 4
+query heads and exactly the one KV head they attend, and keeps the repeat factor at 4 (dividing it
+by the TP degree as well is the classic "4-vs-8 repeat_kv" bug). KV sharing works as on E2B:
+layers 0-23 own KV.
 
     python examples/gemma4_e4b.py                   # tiny random weights, 2 gloo ranks on the CPU
     python examples/gemma4_e4b.py --model-dir DIR   # real weights
@@ -18,10 +19,10 @@ from __future__ import annotations
 
 from neuron_port import describe, load_config
 from neuron_port.artifacts.writer import write_artifact
-from neuron_port.planner import Target, plan_capacity
-from neuron_port.parallel.ranks import RankSetup
 from neuron_port.cli.recipe import artifact_dir, check_on_xla, load_checked, recipe_parser, validate_then_serve
 from neuron_port.graph.shapes import PortShape
+from neuron_port.parallel.ranks import RankSetup
+from neuron_port.planner import Target, plan_capacity
 
 NAME = "gemma-4-e4b"
 
@@ -32,8 +33,10 @@ def main() -> int:
     # 1. Describe: 42 layers, owners 0-23, 8 q / 2 kv heads everywhere.
     config = load_config(args.model_dir or NAME, tiny=args.model_dir is None)
     layout = describe(config)
-    print(f"[describe] {layout.num_layers} layers, {len(layout.kv_owners)} KV owners, "
-          f"heads {sorted({(s.n_q, s.n_kv) for s in layout.layers})}")
+    print(
+        f"[describe] {layout.num_layers} layers, {len(layout.kv_owners)} KV owners, "
+        f"heads {sorted({(s.n_q, s.n_kv) for s in layout.layers})}"
+    )
 
     # 2. Plan at the real dimensions: what one core and two cores hold, at the degree used.
     real = load_config(args.model_dir or NAME)

@@ -21,18 +21,18 @@ from pathlib import Path
 
 from neuron_port import describe, load_config
 from neuron_port.artifacts.writer import write_artifact
+from neuron_port.checks.selfcheck import checked_run_passed
+from neuron_port.checks.validation import check_in_fresh_process
+from neuron_port.cli.recipe import load_checked
 from neuron_port.generation.chat import chat_format_of, stop_token_ids
 from neuron_port.generation.generate import generate
-from neuron_port.generation.request import GenerationRequest
-from neuron_port.planner import Target, plan_capacity
-from neuron_port.model.pretrained import PRETRAINED, pretrained_dir
 from neuron_port.generation.prompts import text_prompt
-from neuron_port.parallel.ranks import RankSetup
-from neuron_port.cli.recipe import load_checked
-from neuron_port.checks.selfcheck import checked_run_passed
+from neuron_port.generation.request import GenerationRequest
 from neuron_port.graph.shapes import PortShape
+from neuron_port.model.pretrained import PRETRAINED, pretrained_dir
 from neuron_port.model.tokenizer import decode_completion
-from neuron_port.checks.validation import check_in_fresh_process
+from neuron_port.parallel.ranks import RankSetup
+from neuron_port.planner import Target, plan_capacity
 
 PROMPT = "The capital of France is"
 QUESTION = "What is the capital of France?"

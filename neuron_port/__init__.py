@@ -13,6 +13,6 @@ from neuron_port.versions import check_transformers
 check_transformers()  # one line naming the found and the needed version, before anything imports transformers
 
 from neuron_port.model.configs import load_config  # noqa: E402
-from neuron_port.model.layout import Layout, LayerSpec, describe  # noqa: E402
+from neuron_port.model.layout import LayerSpec, Layout, describe  # noqa: E402
 
 __all__ = ["__version__", "load_config", "describe", "Layout", "LayerSpec"]

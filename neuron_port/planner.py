@@ -63,7 +63,7 @@ class Target:
     host_ram: int
 
     @classmethod
-    def parse(cls, text: str) -> "Target":
+    def parse(cls, text: str) -> Target:
         """A known instance name or ``custom:cores=2,hbm_gib=16,bw_gbs=820,host_gib=64`` (bw per chip)."""
         if text in TARGETS:
             return TARGETS[text]
@@ -75,7 +75,9 @@ class Target:
                            float(fields["bw_gbs"]) * 1e9 / cores, int(float(fields["host_gib"]) * GiB))
             except (KeyError, ValueError) as exc:
                 raise ValueError(f"custom target {text!r}: expected cores, hbm_gib, bw_gbs, host_gib ({exc})") from None
-        raise ValueError(f"unknown target {text!r}; expected one of {sorted(TARGETS)} or custom:cores=..,hbm_gib=..,bw_gbs=..,host_gib=..")
+        raise ValueError(
+            f"unknown target {text!r}; expected one of {sorted(TARGETS)} or custom:cores=..,hbm_gib=..,bw_gbs=..,host_gib=.."
+        )
 
 
 # One Inferentia2 chip: 2 NeuronCores, 32 GiB HBM (16 per core), ~820 GB/s per chip.
@@ -140,7 +142,7 @@ def _count_device_params(layout: Layout, config: Any, tp: int, embeddings_on_dev
         model = causal_lm(config)
     plan = plan_model(layout, tp) if tp > 1 else None
     total = 0
-    for spec, layer in zip(layout.layers, family.decoder_layers(model)):
+    for spec, layer in zip(layout.layers, family.decoder_layers(model), strict=True):
         layer_params = sum(p.numel() for p in layer.parameters())
         proj, ff = family.layer_projections(layer, spec.index)
         q_o = proj["q"].weight.numel() + proj["o"].weight.numel()
@@ -223,16 +225,23 @@ def _fit_reasons(sizing: _Sizing, chosen: int, cores: dict[str, int], ok: bool, 
     valid = [t for t in valid_model_tp(sizing.layout) if t <= target.cores]
     other_tp = next((t for t in valid if other.fits(t)), None)
     if other_tp != recommended:
-        how = ("with one set of weights shared by both graphs (ModelBuilder; plan without --separate-weights)"
-               if other.graphs_share_weights else
-               "with graphs that each carry their own weights (separate traces; plan --separate-weights)")
-        found = (f"{other_tp}: {sum(other.per_core(other_tp).values()) / GiB:.2f} GiB per core" if other_tp is not None
-                 else f"none: no tp up to {target.cores} cores fits")
+        how = (
+            "with one set of weights shared by both graphs (ModelBuilder; plan without --separate-weights)"
+            if other.graphs_share_weights
+            else "with graphs that each carry their own weights (separate traces; plan --separate-weights)"
+        )
+        found = (
+            f"{other_tp}: {sum(other.per_core(other_tp).values()) / GiB:.2f} GiB per core"
+            if other_tp is not None
+            else f"none: no tp up to {target.cores} cores fits"
+        )
         reasons.append(f"{how} the recommended tp would be {found}")
     return reasons
 
 
-def _host_figures(layout: Layout, b: int, chosen: int, cores: dict[str, int], target: Target) -> tuple[dict[str, int], int, int, list[str]]:
+def _host_figures(
+    layout: Layout, b: int, chosen: int, cores: dict[str, int], target: Target
+) -> tuple[dict[str, int], int, int, list[str]]:
     """Host RAM of a full and a slim server, compile RAM and swap, with the reasons they raise."""
     p, reasons = layout.params, []
     full_bytes = p.total * b + HOST_PROCESS_OVERHEAD
@@ -240,11 +249,15 @@ def _host_figures(layout: Layout, b: int, chosen: int, cores: dict[str, int], ta
     compile_ram = int(chosen * cores["weights"] * COMPILER_EXPANSION + p.total * b * HOST_BUILD_COPIES)
     swap = max(0, compile_ram - target.host_ram)
     if swap:
-        reasons.append(f"compiling at tp {chosen} needs ~{compile_ram / 1e9:.0f} GB of host RAM: add >= {swap / 1e9:.0f} GB of swap")
+        reasons.append(
+            f"compiling at tp {chosen} needs ~{compile_ram / 1e9:.0f} GB of host RAM: add >= {swap / 1e9:.0f} GB of swap"
+        )
     if slim_bytes > target.host_ram:
         reasons.append(f"even a slim server needs {slim_bytes / GiB:.1f} GiB of host RAM > {target.host_ram / GiB:.0f} GiB")
     elif full_bytes > target.host_ram:
-        reasons.append(f"a full server needs {full_bytes / GiB:.1f} GiB of host RAM > {target.host_ram / GiB:.0f} GiB: use the slim server")
+        reasons.append(
+            f"a full server needs {full_bytes / GiB:.1f} GiB of host RAM > {target.host_ram / GiB:.0f} GiB: use the slim server"
+        )
     return {"full": full_bytes, "slim": slim_bytes}, compile_ram, swap, reasons
 
 
@@ -280,16 +293,24 @@ def plan_capacity(
     host, compile_ram, swap, host_reasons = _host_figures(layout, b, chosen, cores, target)
     measured = MEASURED.get((model_name, chosen))
     return Plan(
-        model=model_name, target=target.name, dtype=dtype, tp=chosen, recommended_tp=recommended, fits=ok,
+        model=model_name,
+        target=target.name,
+        dtype=dtype,
+        tp=chosen,
+        recommended_tp=recommended,
+        fits=ok,
         per_core_bytes={**cores, "total": used, "capacity": target.hbm_per_core},
         kv_bytes=kv_store_spec(layout, context, kv_heads=_rank0_kv_heads(layout, chosen)).total_bytes(batch, b) * chosen,
         kv_bytes_owners_full_length=kv_store_spec(layout, context, ring_buffers=False).total_bytes(batch, b),
         kv_bytes_naive=naive_kv_bytes(layout, context, batch, b),
-        host_ram_bytes=host, compile_host_ram_bytes=compile_ram, swap_recommended_bytes=swap,
+        host_ram_bytes=host,
+        compile_host_ram_bytes=compile_ram,
+        swap_recommended_bytes=swap,
         roofline_tok_per_s=round(target.hbm_bw_per_core / (cores["weights"] + cores["kv"]), 1),
         measured_tok_per_s=measured[0] if measured else None,
         measured_note=measured[1] if measured else None,
-        params=asdict(layout.params), context=context,
+        params=asdict(layout.params),
+        context=context,
         reasons=_fit_reasons(sizing, chosen, cores, ok, recommended) + host_reasons,
     )
 
@@ -300,7 +321,8 @@ def format_capacity_plan(plan: Plan) -> str:
     lines = [
         f"{plan.model} on {plan.target}, {plan.dtype}, tp {plan.tp} (recommended {plan.recommended_tp}), context {plan.context}",
         f"  per core: weights {c['weights'] / GiB:6.2f} GiB | second graph {c['second_graph'] / GiB:6.2f} GiB | "
-        f"KV {c['kv'] / mib:8.1f} MiB | other {c['other'] / GiB:5.2f} GiB | total {c['total'] / GiB:6.2f} of {c['capacity'] / GiB:.0f} GiB"
+        f"KV {c['kv'] / mib:8.1f} MiB | other {c['other'] / GiB:5.2f} GiB | "
+        f"total {c['total'] / GiB:6.2f} of {c['capacity'] / GiB:.0f} GiB"
         f" -> {'FITS' if plan.fits else 'DOES NOT FIT'}",
         f"  KV store: {plan.kv_bytes / mib:.1f} MiB (owners, rings) vs {plan.kv_bytes_owners_full_length / mib:.1f} MiB "
         f"(owners, full length) vs {plan.kv_bytes_naive / mib:.1f} MiB (every layer, full length)",
@@ -339,4 +361,13 @@ def save_chart(plan: Plan, path: str) -> None:
     plt.close(fig)
 
 
-__all__ = ["Target", "TARGETS", "Plan", "plan_capacity", "format_capacity_plan", "save_chart", "device_params_per_core", "MEASURED"]
+__all__ = [
+    "Target",
+    "TARGETS",
+    "Plan",
+    "plan_capacity",
+    "format_capacity_plan",
+    "save_chart",
+    "device_params_per_core",
+    "MEASURED",
+]

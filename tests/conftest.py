@@ -30,13 +30,18 @@ def _torch_xla_present() -> bool:
 def pytest_collection_modifyitems(config, items):
     skips = {}
     if not _neuron_sdk_present():
-        skips["neuron"] = pytest.mark.skip(reason="needs the AWS Neuron SDK (torch-neuronx from the Neuron repository); not installed")
+        skips["neuron"] = pytest.mark.skip(
+            reason="needs the AWS Neuron SDK (torch-neuronx from the Neuron repository); not installed"
+        )
     if not _torch_xla_present():
         if os.environ.get("NEURON_PORT_REQUIRE_XLA") == "1" and any("xla" in item.keywords for item in items):
-            raise pytest.UsageError("NEURON_PORT_REQUIRE_XLA=1 but torch_xla is not importable: the xla tests would "
-                                    "all be skipped")
-        skips["xla"] = pytest.mark.skip(reason="needs torch-xla (pip install torch==2.8.0 torch-xla==2.8.0 in its own "
-                                               "virtualenv; .ci/run makes one); not installed")
+            raise pytest.UsageError(
+                "NEURON_PORT_REQUIRE_XLA=1 but torch_xla is not importable: the xla tests would all be skipped"
+            )
+        skips["xla"] = pytest.mark.skip(
+            reason="needs torch-xla (pip install torch==2.8.0 torch-xla==2.8.0 in its own "
+            "virtualenv; .ci/run makes one); not installed"
+        )
     for item in items:
         for marker, skip in skips.items():
             if marker in item.keywords:

@@ -138,9 +138,9 @@ def load_rank0_port(directory: Path):
 def write_tiny_artifact(model, out_dir: Path, source: dict, buckets=(32,), kv_lens=(64,)) -> dict:
     """A CPU artifact of ``model`` at tp 1; returns its manifest."""
     from neuron_port.artifacts.writer import write_artifact
+    from neuron_port.graph.shapes import PortShape
     from neuron_port.model.layout import describe
     from neuron_port.parallel.ranks import RankSetup
-    from neuron_port.graph.shapes import PortShape
 
     return write_artifact(out_dir, model, source, RankSetup.for_layout(describe(model), 1), PortShape(buckets, kv_lens))
 

@@ -47,10 +47,10 @@ def _run(rank: int, tp: int, name: str, port: int, expand_kv: bool, resident: bo
         from neuronx_distributed.trace.trace import get_sharded_checkpoint
 
         from neuron_port.backends.nxd import host_table_keys, nxd_checkpoint, parallelize_for_nxd
+        from neuron_port.checks.reference import reference_for_source
         from neuron_port.model.layout import describe
         from neuron_port.model.loading import checkpoint_state, model_from_name
         from neuron_port.parallel.ranks import RankSetup
-        from neuron_port.checks.reference import reference_for_source
 
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
         source = model_from_name(name, tiny=True, seed=0)
@@ -90,12 +90,12 @@ def _run_resident(rank: int, tp: int, name: str, source, setup, get_sharded_chec
 
     from neuron_port.backends.nxd import traced_checkpoint
     from neuron_port.backends.nxd_artifact import resident_factory
+    from neuron_port.checks.reference import reference_for_source
+    from neuron_port.generation.logits import softcap
     from neuron_port.graph.embedding import HostEmbeddings
     from neuron_port.graph.host_inputs import HostInputs
-    from neuron_port.generation.logits import softcap
-    from neuron_port.model.loading import model_from_name
-    from neuron_port.checks.reference import reference_for_source
     from neuron_port.graph.shapes import PortShape
+    from neuron_port.model.loading import model_from_name
 
     local = PortShape(16, 32).stores(setup.layout, setup.plan.local_kv_heads(rank))
     inputs = HostInputs(setup.layout, local, HostEmbeddings.from_model(source))

@@ -9,16 +9,15 @@ import pytest
 import torch
 
 from neuron_port import describe, load_config
-
 from neuron_port.artifacts import manifest as artifact
+from neuron_port.artifacts.writer import write_artifact
 from neuron_port.backends.neuron import compiler_args
 from neuron_port.backends.nxd import KVResident, alias_map, rank_checkpoints
-from neuron_port.artifacts.writer import write_artifact
 from neuron_port.generation.generate import generate
 from neuron_port.generation.request import GenerationRequest
+from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape
 from neuron_port.model.loading import build_model
-from neuron_port.graph.port import Port
 from neuron_port.parallel.ranks import RankSetup
 from tests.helpers import load_rank0_port, run_cli, run_cli_process, write_tiny_artifact
 
@@ -59,8 +58,8 @@ def _served_tp2_matches_generate(out):
 
     import httpx
 
-    from neuron_port.model.loading import load_source
     from neuron_port.checks.oracle import reference_generate
+    from neuron_port.model.loading import load_source
     from tests.helpers import ServerProcess
 
     prompts = [[2, 17, 33, 5, 92], [2, 41, 7, 300, 12, 58]]
@@ -76,13 +75,13 @@ def _served_tp2_matches_generate(out):
     finally:
         assert srv.stop() == 0
     model, _ = load_source("gemma-4-e4b", tiny=True, seed=json.loads((out / "manifest.json").read_text())["source"]["seed"])
-    for prompt, tokens in zip(prompts, served):  # Hugging Face in this process: no third set of ranks to start
+    for prompt, tokens in zip(prompts, served, strict=True):  # Hugging Face in this process: no third set of ranks to start
         assert tokens == reference_generate(model, prompt, 12)["tokens"]
 
 
 def test_fresh_process_check_returns_data_and_names_the_childs_failure(e2b_artifact, tmp_path):
-    from neuron_port.errors import ArtifactError
     from neuron_port.checks.validation import check_in_fresh_process
+    from neuron_port.errors import ArtifactError
 
     result = check_in_fresh_process(e2b_artifact, prompt_len=12, max_new_tokens=6)
     assert result["seq_match"] is True and result["tokens"] == result["reference_tokens"] and len(result["tokens"]) == 6
@@ -186,8 +185,11 @@ def test_interrupted_compile_leaves_nothing_generate_accepts(tmp_path, monkeypat
 
 def test_killed_compile_process_leaves_no_artifact(tmp_path):
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "neuron_port.cli.command", "compile", "gemma-4-12b", "--tiny", "--out", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "neuron_port.cli.command", "compile", "gemma-4-12b", "--tiny", "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     import time
 
     deadline = time.time() + 60
@@ -205,8 +207,11 @@ def test_version_mismatch_is_refused_unless_overridden(tmp_path, monkeypatch):
     real = artifact.installed_versions()
     monkeypatch.setattr("neuron_port.artifacts.writer.installed_versions", lambda: {**real, "torch": "1.0.0"})
     out = tmp_path / "old"
-    write_tiny_artifact(build_model(load_config("gemma-4-e2b", tiny=True)), out,
-                        {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0})
+    write_tiny_artifact(
+        build_model(load_config("gemma-4-e2b", tiny=True)),
+        out,
+        {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0},
+    )
     res = run_cli("generate", str(out), "--max-new-tokens", "2")
     assert res.returncode != 0 and "versions.torch" in res.stderr and "1.0.0" in res.stderr
     assert run_cli("generate", str(out), "--max-new-tokens", "2", "--allow-version-mismatch").returncode == 0
@@ -214,8 +219,11 @@ def test_version_mismatch_is_refused_unless_overridden(tmp_path, monkeypatch):
 
 def test_check_refuses_a_reference_with_other_weights(tmp_path):
     out = tmp_path / "wrong_source"
-    write_tiny_artifact(build_model(load_config("gemma-4-e2b", tiny=True), seed=1), out,
-                        {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0})
+    write_tiny_artifact(
+        build_model(load_config("gemma-4-e2b", tiny=True), seed=1),
+        out,
+        {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0},
+    )
     res = run_cli("generate", str(out), "--max-new-tokens", "4", "--check", "--json")
     assert res.returncode != 0 and "not the artifact's checkpoint" in res.stderr
     assert "seq_match" not in res.stdout
@@ -293,17 +301,22 @@ def test_a_neuron_artifact_of_the_tiny_e2b_generates(tmp_path):
     """Runs only where the Neuron SDK is installed (skipped elsewhere with the reason): the single-core
     path is ModelBuilder at tp 1, written as an artifact and run from it."""
     model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
-    write_artifact(tmp_path / "A", model, {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0},
-                   RankSetup.for_layout(describe(model), 1), PortShape([16], [32]), "neuron")
+    write_artifact(
+        tmp_path / "A",
+        model,
+        {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0},
+        RankSetup.for_layout(describe(model), 1),
+        PortShape([16], [32]),
+        "neuron",
+    )
     assert generate(tmp_path / "A", GenerationRequest.greedy([[2, 5, 6, 7]], 8)).tokens
 
 
 def test_nxd_checkpoint_column_split_gives_each_rank_its_planned_kv_heads():
     """NxD splits columns evenly; the expanded K/V rows make that split equal the library's plan."""
     from neuron_port.backends.nxd import nxd_checkpoint
-    from neuron_port.parallel.sharding import expanded_kv_rows
     from neuron_port.errors import ShardingError
-    from neuron_port.parallel.sharding import head_rows, plan_attention
+    from neuron_port.parallel.sharding import expanded_kv_rows, head_rows, plan_attention
 
     model = build_model(load_config("gemma-4-12b", tiny=True), seed=0)
     layout = describe(model)
@@ -314,7 +327,7 @@ def test_nxd_checkpoint_column_split_gives_each_rank_its_planned_kv_heads():
         for spec in layout.layers:
             k = state[f"model.layers.{spec.index}.self_attn.k_proj.weight"]
             original = model.state_dict()[f"model.layers.{spec.index}.self_attn.k_proj.weight"]
-            for rank, part in zip(plan.layers[spec.index].plan.ranks, k.chunk(tp, dim=0)):
+            for rank, part in zip(plan.layers[spec.index].plan.ranks, k.chunk(tp, dim=0), strict=True):
                 assert torch.equal(part.float(), head_rows(original, rank.kv_heads, spec.head_dim).to(torch.bfloat16).float())
         assert sum(key.endswith("layer_scalar") for key in state) == layout.num_layers
     with pytest.raises(ShardingError):
@@ -322,8 +335,8 @@ def test_nxd_checkpoint_column_split_gives_each_rank_its_planned_kv_heads():
 
 
 def test_nxd_parallel_layers_need_the_sdk():
-    from neuron_port.errors import BackendUnavailableError
     from neuron_port.backends.nxd import parallelize_for_nxd
+    from neuron_port.errors import BackendUnavailableError
 
     model = build_model(load_config("gemma-4-e4b", tiny=True), seed=0)
     with pytest.raises(BackendUnavailableError, match="pip.repos.neuron.amazonaws.com"):
@@ -340,7 +353,10 @@ def test_xla_without_torch_xla_is_one_line_naming_it():
     res = run_cli_process("port", "gemma-4-e2b", "--tiny", "--backend", "xla", "--json")
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
-    assert res.stderr.startswith("error: backend 'xla' needs torch-xla") and "pip install torch==2.8.0 torch-xla==2.8.0" in res.stderr
+    assert (
+        res.stderr.startswith("error: backend 'xla' needs torch-xla")
+        and "pip install torch==2.8.0 torch-xla==2.8.0" in res.stderr
+    )
 
 
 @pytest.mark.slow
@@ -348,21 +364,20 @@ def test_a_bf16_artifact_is_checked_against_the_float32_reference(tmp_path):
     """compile --dtype bf16 of a model directory: bf16 files, and generate --check compares with the
     float32 from_pretrained reference (proven the same checkpoint by the fingerprint of its bf16
     cast) within the measured bf16 bound; an artifact of another dtype is refused by --dtype."""
-    from neuron_port.model.localdir import write_model_dir
-    from neuron_port.model.loading import build_model
-    from neuron_port.checks.selfcheck import REDUCED_PRECISION_LOGIT_TOLERANCE
     from safetensors import safe_open
+
+    from neuron_port.checks.selfcheck import REDUCED_PRECISION_LOGIT_TOLERANCE
+    from neuron_port.model.loading import build_model
+    from neuron_port.model.localdir import write_model_dir
 
     model_dir, out = tmp_path / "model", tmp_path / "artifact"
     write_model_dir(build_model(load_config("gemma-3", tiny=True), seed=2), model_dir)
-    res = run_cli("compile", str(model_dir), "--dtype", "bf16", "--buckets", "16", "--kv-lens", "32", "--out", str(out),
-                  "--json")
+    res = run_cli("compile", str(model_dir), "--dtype", "bf16", "--buckets", "16", "--kv-lens", "32", "--out", str(out), "--json")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["dtype"] == "torch.bfloat16"
     with safe_open(str(out / "embeddings.safetensors"), framework="pt") as fh:
         assert {fh.get_tensor(k).dtype for k in fh.keys()} == {torch.bfloat16}
-    checked = json.loads(run_cli("generate", str(out), "--prompt-len", "8", "--max-new-tokens", "6", "--check",
-                                 "--json").stdout)
+    checked = json.loads(run_cli("generate", str(out), "--prompt-len", "8", "--max-new-tokens", "6", "--check", "--json").stdout)
     assert checked["self_checks_passed"] is True and checked["dtype"] == "torch.bfloat16"
     assert checked["logit_check"]["tolerance"] == REDUCED_PRECISION_LOGIT_TOLERANCE
     refused = run_cli("generate", str(out), "--dtype", "fp32", "--prompt-len", "8", "--max-new-tokens", "2")

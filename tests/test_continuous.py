@@ -12,15 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neuron_port import load_config
-from neuron_port.generation.slots import SlotBatch
-from neuron_port.serve.engine import Engine, Submission
-from neuron_port.model.loading import build_model
 from neuron_port.checks.oracle import reference_generate
-from neuron_port.graph.port import Port
-from neuron_port.graph.shapes import PortShape
 from neuron_port.generation.request import GenerationParams
 from neuron_port.generation.request_state import TokenEvent
 from neuron_port.generation.sampling import SamplingParams
+from neuron_port.generation.slots import SlotBatch
+from neuron_port.graph.port import Port
+from neuron_port.graph.shapes import PortShape
+from neuron_port.model.loading import build_model
+from neuron_port.serve.engine import Engine, Submission
 
 SLOTS = 3
 
@@ -161,7 +161,7 @@ def test_kv_rows_of_other_slots_are_untouched_by_an_admission(port):
     before = [t[0].clone() for t in batch.store]
     batch.admit([([2, 9, 9, 9, 9], GenerationParams(5), "b")])
     after = [t[0] for t in batch.store]
-    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
 
 
 def test_compiled_slots_admit_while_others_decode_and_reuse_freed_slots(port):

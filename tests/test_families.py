@@ -13,16 +13,16 @@ import pytest
 import torch
 
 from neuron_port import describe, load_config
-from neuron_port.model.configs import load_config_dict, shipped_names, tiny_config_dict
-from neuron_port.families import family_for
-from neuron_port.graph.graphs import DecodeGraph
-from neuron_port.graph.kv import kv_store_spec
-from neuron_port.model.loading import build_model, load_model_dir, save_model_dir
 from neuron_port.checks.oracle import reference_generate
-from neuron_port.graph.port import Port
+from neuron_port.families import family_for
 from neuron_port.generation.generate import generate
 from neuron_port.generation.request import GenerationRequest
+from neuron_port.graph.graphs import DecodeGraph
+from neuron_port.graph.kv import kv_store_spec
+from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape
+from neuron_port.model.configs import load_config_dict, shipped_names, tiny_config_dict
+from neuron_port.model.loading import build_model, load_model_dir, save_model_dir
 from tests.helpers import run_cli
 
 PROMPT = [2] + list(range(7, 30))  # 24 tokens

@@ -11,8 +11,6 @@ from neuron_port import describe, load_config
 from neuron_port.errors import ConfigError, UnsupportedArchitectureError
 from neuron_port.model.layout import check_model
 from neuron_port.model.loading import build_model
-
-
 from tests.helpers import run_cli as _cli
 from tests.helpers import run_cli_json
 

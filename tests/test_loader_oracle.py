@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from neuron_port import load_config
-from neuron_port.model.configs import SHIPPED
 from neuron_port.checks.loader_check import loader_mismatches, loader_verdict
-from neuron_port.model.localdir import write_model_dir
-from neuron_port.model.loading import build_model, load_model_dir, nonpersistent_buffer_owners
 from neuron_port.checks.reference import hf_reference_model
+from neuron_port.model.configs import SHIPPED
+from neuron_port.model.loading import build_model, load_model_dir, nonpersistent_buffer_owners
+from neuron_port.model.localdir import write_model_dir
 
 
 @pytest.mark.parametrize("name", SHIPPED)

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from neuron_port import describe, load_config
-from neuron_port.generation.generate import generate
-from neuron_port.generation.request import GenerationRequest
-from neuron_port.model.loading import build_model
 from neuron_port.checks.oracle import reference_generate
 from neuron_port.checks.selfcheck import check_step_logits
+from neuron_port.generation.generate import generate
+from neuron_port.generation.request import GenerationRequest
 from neuron_port.graph.shapes import PortShape
+from neuron_port.model.loading import build_model
 from tests.helpers import run_cli
 
 PROMPT = [2] + torch.randint(3, 512, (23,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -39,7 +39,9 @@ def test_real_configs_have_the_published_sizes(name, total):
 def test_tokens_and_step_logits_match_hf(name, tp):
     model = build_model(load_config(name, tiny=True), seed=1)
     ref = reference_generate(model, PROMPT, 24)
-    got = generate(model, GenerationRequest.greedy([PROMPT], 24, keep_logits=True), shape=PortShape(32, 64), tp=tp, mode="threads")
+    got = generate(
+        model, GenerationRequest.greedy([PROMPT], 24, keep_logits=True), shape=PortShape(32, 64), tp=tp, mode="threads"
+    )
     assert got.tokens[0] == ref["tokens"]
     assert len(set(got.tokens[0])) > 2  # not one repeated token
     check, report = check_step_logits(model, PROMPT, got.tokens[0], got.step_logits)

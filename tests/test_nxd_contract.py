@@ -21,13 +21,13 @@ import pytest
 import torch
 
 from neuron_port.backends import nxd
-from neuron_port.model.configs import load_config
 from neuron_port.graph.graphs import DecodeGraph, PrefillGraph
 from neuron_port.graph.kv import KVStore
+from neuron_port.graph.shapes import PortShape
+from neuron_port.model.configs import load_config
 from neuron_port.model.layout import describe
 from neuron_port.model.loading import build_model
 from neuron_port.parallel.ranks import RankSetup
-from neuron_port.graph.shapes import PortShape
 from tests.sdk_standin.neuronx_distributed.trace.model_builder import BaseModelInstance  # NxD's class, as in release 2.28.0
 
 
@@ -48,7 +48,7 @@ class RecordingModelBuilder:
             instance.load_module()
             module, aliases = instance.get(0)
             state = list(module.state_dict(keep_vars=True).values())
-            for tensor, out in aliases.items():
+            for tensor in aliases:
                 if not any(tensor is t for t in state):
                     raise ValueError(f"{key}: an alias key is not a tensor of the traced module")
             self.traced[key] = module

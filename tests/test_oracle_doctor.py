@@ -8,12 +8,10 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models
 
 from neuron_port import load_config
-from neuron_port.checks.doctor import run_doctor, report, tokenizer_problems
-from neuron_port.model.localdir import write_tokenizer
-from neuron_port.model.loading import build_model, read_checkpoint
+from neuron_port.checks.doctor import report, run_doctor, tokenizer_problems
 from neuron_port.checks.oracle import (
-    GoldenMismatchError,
     Golden,
+    GoldenMismatchError,
     classify_divergence,
     compare_tokens,
     compare_with_golden,
@@ -22,6 +20,8 @@ from neuron_port.checks.oracle import (
 )
 from neuron_port.checks.selfcheck import check_logits
 from neuron_port.families import family_for
+from neuron_port.model.loading import build_model, read_checkpoint
+from neuron_port.model.localdir import write_tokenizer
 from tests.helpers import run_cli
 
 

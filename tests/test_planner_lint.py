@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 
 from neuron_port import describe, load_config
 from neuron_port.checks.lint import SBUF_BYTES_PER_PARTITION, lint_model, sbuf_bytes_per_partition
-from neuron_port.planner import TARGETS, Target, device_params_per_core, plan_capacity
 from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape
-from neuron_port.parallel.sharding import plan_model
 from neuron_port.model.loading import build_model
+from neuron_port.parallel.sharding import plan_model
+from neuron_port.planner import TARGETS, Target, device_params_per_core, plan_capacity
 from tests.helpers import run_cli, run_cli_json
 
 MiB = 1 << 20

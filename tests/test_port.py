@@ -8,15 +8,15 @@ from hypothesis import strategies as st
 from transformers.models.gemma4.modeling_gemma4 import sliding_window_mask_function
 
 from neuron_port import describe, load_config
-from neuron_port.graph import masks
-from neuron_port.model.buffers import audit_buffers, parameter_only_load, restore_buffers
-from neuron_port.graph.kv import kv_store_spec, naive_kv_bytes, onehot_write, scatter_write_
-from neuron_port.generation.logits import greedy, softcap
-from neuron_port.model.loading import build_model
 from neuron_port.checks.oracle import reference_generate
 from neuron_port.generation.generate import generate
+from neuron_port.generation.logits import greedy, softcap
 from neuron_port.generation.request import GenerationRequest
+from neuron_port.graph import masks
+from neuron_port.graph.kv import kv_store_spec, naive_kv_bytes, onehot_write, scatter_write_
 from neuron_port.graph.shapes import PortShape
+from neuron_port.model.buffers import audit_buffers, parameter_only_load, restore_buffers
+from neuron_port.model.loading import build_model
 from tests.helpers import run_cli
 
 
@@ -64,7 +64,7 @@ def test_ring_slots_hold_exactly_the_hf_sliding_window(window, prompt_len, decod
         _, w = masks.decode_writes(torch.tensor([t]), t + 1, ring)
         held = torch.where(w[0, 0] > 0, torch.tensor(t), held)
         _, m = masks.decode_masks(torch.tensor([t]), t + 1, window, ring)
-        visible = {int(p) for p, ok in zip(held, m[0, 0, 0] == 0) if ok}
+        visible = {int(p) for p, ok in zip(held, m[0, 0, 0] == 0, strict=True) if ok}
         expected = {k for k in range(t + 1) if bool(hf_visible(0, 0, t, k))}
         assert visible == expected
 

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from neuron_port.checks.loader_check import loader_mismatches
-from neuron_port.model.loading import load_model_dir
 from neuron_port.checks.reference import hf_reference_model
+from neuron_port.model.loading import load_model_dir
 from tests.helpers import ServerProcess, run_cli_json
 
 pytestmark = pytest.mark.slow
@@ -62,8 +62,8 @@ def test_text_prompts_are_the_tokenizers_own_ids(smollm2_dir, gemma3_dir):
 def test_the_chat_template_renders_as_transformers_renders_it(smollm2_dir):
     from transformers import AutoTokenizer
 
-    from neuron_port.generation.chat import chat_format
     from neuron_port.families import family_for
+    from neuron_port.generation.chat import chat_format
     from neuron_port.model.tokenizer import load_tokenizer
 
     tok = load_tokenizer(smollm2_dir)

@@ -8,16 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neuron_port import load_config
+from neuron_port.checks.oracle import reference_generate
 from neuron_port.errors import BucketError
-from neuron_port.model.localdir import build_tokenizer
-from neuron_port.model.loading import build_model
 from neuron_port.generation.generate import generate
 from neuron_port.generation.request import GenerationParams, GenerationRequest, GenerationResult
+from neuron_port.generation.sampling import SamplingParams
 from neuron_port.generation.static_batch import stream_static
 from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape
-from neuron_port.checks.oracle import reference_generate
-from neuron_port.generation.sampling import SamplingParams
+from neuron_port.model.loading import build_model
+from neuron_port.model.localdir import build_tokenizer
 from tests.helpers import run_cli
 
 _TINY_E2B = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
@@ -130,7 +130,7 @@ def test_static_batch_rows_equal_solo_runs(e2b):
     prompts = [_prompt(n, offset=n) for n in (24, 9, 17, 3)]
     params = [GenerationParams(30), GenerationParams(12), GenerationParams(30), GenerationParams(25)]
     batch = generate(port, GenerationRequest(prompts, params))
-    for prompt, p, got in zip(prompts, params, batch.tokens):
+    for prompt, p, got in zip(prompts, params, batch.tokens, strict=True):
         solo = _one(port, prompt, p).tokens[0]
         assert got == solo
         assert got == reference_generate(e2b, prompt, p.max_new_tokens, [])["tokens"]
@@ -160,7 +160,7 @@ def test_preallocated_decode_inputs_equal_the_reference_builders(batch, kv_ring,
         want = port.inputs.decode_fresh(tokens, positions, kv_len)
         got = port.inputs.decode(tokens, positions, kv_len)
         for name, a, b in zip(("embeds", "per_layer", "positions", "mask_full", "mask_sliding", "write_full",
-                               "write_sliding", "last"), got, want):
+                               "write_sliding", "last"), got, want, strict=True):
             assert a.shape == b.shape and torch.equal(a, b), name
 
 
@@ -168,7 +168,7 @@ def test_decode_step_reuses_its_buffers(e2b):
     port = Port.over_model(e2b, PortShape([8], [32]))
     first = port.inputs.decode(torch.tensor([5]), torch.tensor([9]), 32)
     second = port.inputs.decode(torch.tensor([6]), torch.tensor([10]), 32)
-    assert all(a.data_ptr() == b.data_ptr() for a, b in zip(first, second))
+    assert all(a.data_ptr() == b.data_ptr() for a, b in zip(first, second, strict=True))
 
 
 def test_port_stays_usable_outside_the_inference_mode_loop(e2b):
@@ -179,4 +179,4 @@ def test_port_stays_usable_outside_the_inference_mode_loop(e2b):
     inputs = port.inputs.decode(torch.tensor([5]), torch.tensor([9]), 32)
     assert not any(t.is_inference() for t in inputs)
     want = port.inputs.decode_fresh(torch.tensor([5]), torch.tensor([9]), 32)
-    assert all(torch.equal(a, b) for a, b in zip(inputs, want))
+    assert all(torch.equal(a, b) for a, b in zip(inputs, want, strict=True))

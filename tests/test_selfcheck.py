@@ -13,15 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neuron_port import describe, load_config
-from neuron_port.graph.embedding import HostEmbeddings
+from neuron_port.checks.oracle import reference_generate
+from neuron_port.checks.selfcheck import LOGIT_TOLERANCE, check_attention, check_embeddings, check_logits, probe_ids
+from neuron_port.families import DecoderFamily, Phi3Family
 from neuron_port.generation.generate import generate
 from neuron_port.generation.request import GenerationRequest
-from neuron_port.checks.oracle import reference_generate
-from neuron_port.families import DecoderFamily, Phi3Family
+from neuron_port.graph.embedding import HostEmbeddings
+from neuron_port.graph.shapes import PortShape
 from neuron_port.model.loading import build_model
 from neuron_port.parallel.ranks import RankSetup
-from neuron_port.checks.selfcheck import LOGIT_TOLERANCE, check_attention, check_embeddings, check_logits, probe_ids
-from neuron_port.graph.shapes import PortShape
 
 SHAPE = PortShape(16, 32)
 
@@ -75,8 +75,8 @@ def test_a_config_copy_that_keeps_hf_attention_is_caught(monkeypatch):
 def test_a_config_copy_is_caught_where_tokens_match_by_luck(monkeypatch):
     """4 q / 2 kv heads at tp 2: HF's own attention computes the right thing on each rank, so tokens
     would match; the sentinel still sees that the library's function never ran."""
-    from neuron_port.model.configs import load_config_dict, tiny_config_dict
     from neuron_port.families import family_for
+    from neuron_port.model.configs import load_config_dict, tiny_config_dict
 
     monkeypatch.setattr(Phi3Family, "use_attention",
                         lambda self, model, impl: DecoderFamily.set_attention_implementation(self, model.config, impl))
@@ -108,7 +108,7 @@ def test_a_forgotten_softcap_is_a_logit_failure_with_the_same_argmax():
     torch.manual_seed(0)
     raw = [torch.randn(512) * 40 for _ in range(4)]
     capped = [torch.tanh(r / 30.0) * 30.0 for r in raw]
-    assert all(int(r.argmax()) == int(c.argmax()) for r, c in zip(raw, capped))
+    assert all(int(r.argmax()) == int(c.argmax()) for r, c in zip(raw, capped, strict=True))
     assert check_logits(raw, capped, 30.0)[0].status == "pass"
     check, report = check_logits(raw, capped, None)
     assert check.status == "fail" and "softcap" in check.fix and report["max_relative_error"] > 0.1

@@ -11,10 +11,10 @@ pytest.importorskip("fastapi")
 from tokenizers import Tokenizer, models, pre_tokenizers, processors  # noqa: E402
 
 from neuron_port.families import family_for  # noqa: E402
-from neuron_port.model.localdir import build_tokenizer  # noqa: E402
-from neuron_port.generation.prompts import bos_prefix, text_prompt  # noqa: E402
-from neuron_port.generation.chat import chat_format  # noqa: E402
 from neuron_port.families.gemma4 import gemma_chat_prompt  # noqa: E402
+from neuron_port.generation.chat import chat_format  # noqa: E402
+from neuron_port.generation.prompts import bos_prefix, text_prompt  # noqa: E402
+from neuron_port.model.localdir import build_tokenizer  # noqa: E402
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
 
@@ -33,7 +33,9 @@ def test_the_family_default_applies_without_tokenizer_files():
 
 def test_the_tokenizer_config_template_and_eos_win(tmp_path):
     tok = build_tokenizer(512)
-    template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}[model]{% endif %}"
+    template = (
+        "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}[model]{% endif %}"
+    )
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "eos_token": {"content": "<eos>"}}))
     fmt = chat_format(family_for("gemma4_text"), tok, tmp_path)
     assert fmt.render(MESSAGES) == "[system] be brief [user] hello [model]"
@@ -112,7 +114,10 @@ def test_metric_labels_are_escaped_and_unmatched_paths_share_one_label():
     from neuron_port.serve.metrics import Metrics, escape, render_metrics, route_label
 
     assert escape('/q"x\\y\n') == '/q\\"x\\\\y\\n'
-    assert route_label({}) == "unmatched" and route_label({"route": type("R", (), {"path": "/v1/completions"})()}) == "/v1/completions"
+    assert (
+        route_label({}) == "unmatched"
+        and route_label({"route": type("R", (), {"path": "/v1/completions"})()}) == "/v1/completions"
+    )
     m = Metrics()
     m.count('/q"x', 404)
     m.count("/v1/completions", 503)
@@ -137,15 +142,21 @@ def test_a_chat_template_renders_as_transformers_renders_it(tmp_path):
         "{% if m['role'] == 'system' %}{% continue %}{% endif %}"
         "<start_of_turn>{{ m['role'] }} {{ m['content'] | tojson(ensure_ascii=True) }}<end_of_turn>\n"
         "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}{% endgeneration %}{% endif %}"
-        "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+        "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    )
     (tmp_path / "chat_template.jinja").write_text(template)
-    messages = [{"role": "system", "content": "skip me"}, {"role": "user", "content": "hello wörld"},
-                {"role": "assistant", "content": "paris"}, {"role": "user", "content": "water"}]
+    messages = [
+        {"role": "system", "content": "skip me"},
+        {"role": "user", "content": "hello wörld"},
+        {"role": "assistant", "content": "paris"},
+        {"role": "user", "content": "water"},
+    ]
     hf = AutoTokenizer.from_pretrained(str(tmp_path))
     fmt = chat_format(family_for("gemma3_text"), build_tokenizer(512), tmp_path)
     assert fmt.render(messages) == hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert fmt.encode(messages, build_tokenizer(512), 2) == list(
-        hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+        hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    )
     (tmp_path / "chat_template.jinja").write_text("{{ raise_exception('only user turns, found ' + messages[0]['role']) }}")
     with pytest.raises(ValueError, match="only user turns, found system"):
         chat_format(family_for("gemma3_text"), build_tokenizer(512), tmp_path).render(messages)

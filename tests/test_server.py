@@ -15,11 +15,11 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
 from neuron_port import load_config  # noqa: E402
-from neuron_port.model.loading import build_model  # noqa: E402
-from neuron_port.graph.port import Port  # noqa: E402
-from neuron_port.graph.shapes import PortShape  # noqa: E402
 from neuron_port.generation.generate import generate  # noqa: E402
 from neuron_port.generation.request import GenerationRequest  # noqa: E402
+from neuron_port.graph.port import Port  # noqa: E402
+from neuron_port.graph.shapes import PortShape  # noqa: E402
+from neuron_port.model.loading import build_model  # noqa: E402
 from tests.helpers import ServerProcess, run_cli  # noqa: E402
 
 MODEL = "gemma-4-e2b"
@@ -94,7 +94,7 @@ def test_sixteen_concurrent_clients_get_complete_correct_answers(server, referen
 
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         results = list(pool.map(ask, range(16)))
-    for (ids, reason), want in zip(results, expected):
+    for (ids, reason), want in zip(results, expected, strict=True):
         assert ids == want and reason == "length"
 
 
@@ -176,7 +176,7 @@ def test_queue_limit_gives_429(small_server):
 def test_client_disconnect_frees_its_slot(small_server):
     def generated():
         text = httpx.get(small_server.base + "/metrics").text
-        return int(next(l for l in text.splitlines() if l.startswith("neuron_port_generated_tokens_total")).split()[1])
+        return int(next(line for line in text.splitlines() if line.startswith("neuron_port_generated_tokens_total")).split()[1])
 
     before = generated()
     body = {"model": MODEL, "prompt": [2, 5, 6], "max_tokens": 240, "temperature": 0, "ignore_eos": True, "stream": True}

@@ -9,7 +9,8 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from neuron_port import describe, load_config
@@ -23,11 +24,11 @@ from neuron_port.backends.static_graph_passes import (
     swap_few_row_transposed_products,
 )
 from neuron_port.errors import BucketError
-from neuron_port.model.loading import build_model
 from neuron_port.generation.generate import generate
 from neuron_port.generation.request import GenerationRequest
 from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape
+from neuron_port.model.loading import build_model
 
 
 class _Block(nn.Module):
@@ -155,7 +156,7 @@ def test_port_with_passes_matches_the_eager_port_and_the_plain_trace(e2b_ports):
     traced = generate(ports["traced"], GenerationRequest.greedy([prompt], 20, keep_logits=True))
     assert passes.tokens == eager.tokens == traced.tokens
     assert len(passes.step_logits) == len(traced.step_logits) > 0
-    for a, b in zip(passes.step_logits, traced.step_logits):
+    for a, b in zip(passes.step_logits, traced.step_logits, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 

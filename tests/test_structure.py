@@ -10,6 +10,7 @@ are counted only where a check asks for them. ``from P import name`` points at `
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from pathlib import Path
 
@@ -143,7 +144,7 @@ def _runs_the_command(tree: ast.AST) -> bool:
             words = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
             if words[:1] == ["neuron-port"] and not any(isinstance(w, (int, float)) for w in words):
                 return True
-            if any(a == "-m" and isinstance(b, str) and b.startswith("neuron_port") for a, b in zip(words, words[1:])):
+            if any(a == "-m" and isinstance(b, str) and b.startswith("neuron_port") for a, b in itertools.pairwise(words)):
                 return True
     return False
 
@@ -156,7 +157,8 @@ def test_no_library_module_runs_the_command():
     for name, path in _modules().items():
         if name in ("neuron_port.cli.command", "neuron_port.__main__") or name.startswith("neuron_port.cli.commands"):
             continue
-        if _runs_the_command(ast.parse(path.read_text())) or graph[name] & {"neuron_port.cli.command", "neuron_port.cli.commands"}:
+        commands = {"neuron_port.cli.command", "neuron_port.cli.commands"}
+        if _runs_the_command(ast.parse(path.read_text())) or graph[name] & commands:
             offenders.append(name)
     assert not offenders, offenders
     assert _runs_the_command(ast.parse('cmd = [sys.executable, "-m", "neuron_port", "generate"]'))
@@ -199,8 +201,7 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
             continue
         for target in sorted(targets - ROOT_MODULES):
             if layer_of(target) > layer_of(module):
-                found.append(f"{module} ({LAYERS[layer_of(module)][0]}) imports {target} "
-                             f"({LAYERS[layer_of(target)][0]})")
+                found.append(f"{module} ({LAYERS[layer_of(module)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})")
     return found
 
 
@@ -225,8 +226,7 @@ def test_no_module_imports_a_higher_layer():
 def test_the_layer_check_catches_a_planted_upward_import():
     graph = {k: set(v) for k, v in import_graph(type_checking=True).items()}
     graph["neuron_port.graph.kv"].add("neuron_port.generation.static_batch")
-    assert upward_imports(graph) == ["neuron_port.graph.kv (graph) imports neuron_port.generation.static_batch "
-                                     "(generation)"]
+    assert upward_imports(graph) == ["neuron_port.graph.kv (graph) imports neuron_port.generation.static_batch (generation)"]
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from neuron_port.serve import app\n")
     assert _imports(tree) == [("typing", ["TYPE_CHECKING"])]
     assert ("neuron_port.serve", ["app"]) in _imports(tree, type_checking=True)
@@ -235,12 +235,15 @@ def test_the_layer_check_catches_a_planted_upward_import():
 def test_readme_layers_table_names_every_folder_and_top_module():
     """README's layers table names every folder and top-level module, in the order of LAYERS."""
     readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("## Layers"):]
-    table = table[:table.index("\n## ")]
+    table = readme[readme.index("## Layers") :]
+    table = table[: table.index("\n## ")]
     rows = re.findall(r"^\| `([a-z0-9_]+/|[a-z0-9_]+\.py)`", table, flags=re.M)
     listed = set(re.findall(r"`([a-z0-9_]+/|[a-z0-9_]+\.py)`", table))
-    entries = {p.name + "/" if p.is_dir() else p.name for p in PACKAGE.iterdir()
-               if p.name not in ("__init__.py", "__main__.py", "__pycache__")}
+    entries = {
+        p.name + "/" if p.is_dir() else p.name
+        for p in PACKAGE.iterdir()
+        if p.name not in ("__init__.py", "__main__.py", "__pycache__")
+    }
     assert entries - listed == set(), sorted(entries - listed)
     assert [r.removesuffix("/").removesuffix(".py") for r in rows][1:] == [name for name, _ in LAYERS][1:]
 
@@ -271,8 +274,10 @@ def test_every_error_class_is_in_errors_py_and_a_neuron_port_error():
     import neuron_port.errors as errors
 
     assert _exception_classes_outside_errors() == []
-    planted = {"neuron_port.serve.x": "class Refused(Exception):\n    pass\nclass Fine:\n    pass\n",
-               "neuron_port.model.y": "from neuron_port import errors\nclass Bad(errors.ConfigError):\n    pass\n"}
+    planted = {
+        "neuron_port.serve.x": "class Refused(Exception):\n    pass\nclass Fine:\n    pass\n",
+        "neuron_port.model.y": "from neuron_port import errors\nclass Bad(errors.ConfigError):\n    pass\n",
+    }
     assert _exception_classes_outside_errors(planted) == ["neuron_port.serve.x.Refused", "neuron_port.model.y.Bad"]
     classes = [v for v in vars(errors).values() if isinstance(v, type) and issubclass(v, BaseException)]
     assert len(classes) >= 18
@@ -284,22 +289,33 @@ def test_the_engines_import_without_the_serve_extra():
     import subprocess
     import sys
 
-    code = ("import sys\n"
-            "sys.modules['fastapi'] = None\n"  # makes any import of it fail
-            "sys.modules['uvicorn'] = None\n"
-            "import neuron_port.serve.engine, neuron_port.serve.lockstep\n"
-            "import neuron_port.serve as serve\n"
-            "try:\n"
-            "    serve.build_app\n"
-            "except ImportError:\n"
-            "    sys.exit(0)\n"
-            "sys.exit(3)\n")
+    code = (
+        "import sys\n"
+        "sys.modules['fastapi'] = None\n"  # makes any import of it fail
+        "sys.modules['uvicorn'] = None\n"
+        "import neuron_port.serve.engine, neuron_port.serve.lockstep\n"
+        "import neuron_port.serve as serve\n"
+        "try:\n"
+        "    serve.build_app\n"
+        "except ImportError:\n"
+        "    sys.exit(0)\n"
+        "sys.exit(3)\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
-RETIRED_GENERATION_NAMES = ("generate_with_port", "generate_from_artifact", "run_artifact", "greedy_generate",
-                            "Generator", "GreedyResult", "BatchRun", "Completion", "StaticEngine")
+RETIRED_GENERATION_NAMES = (
+    "generate_with_port",
+    "generate_from_artifact",
+    "run_artifact",
+    "greedy_generate",
+    "Generator",
+    "GreedyResult",
+    "BatchRun",
+    "Completion",
+    "StaticEngine",
+)
 
 
 def _generation_entry_points(sources: dict[str, str] | None = None) -> tuple[list[str], list[str]]:
@@ -310,8 +326,7 @@ def _generation_entry_points(sources: dict[str, str] | None = None) -> tuple[lis
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in RETIRED_GENERATION_NAMES:
                 retired.append(f"{name}.{node.name}")
-            if (isinstance(node, ast.ClassDef) and name.startswith("neuron_port.generation")
-                    and node.name.endswith("Result")):
+            if isinstance(node, ast.ClassDef) and name.startswith("neuron_port.generation") and node.name.endswith("Result"):
                 results.append(f"{name}.{node.name}")
     return retired, results
 
@@ -323,8 +338,10 @@ def test_one_generate_one_request_one_result():
     assert retired == []
     assert results == ["neuron_port.generation.request.GenerationResult"]
     planted = {"neuron_port.generation.x": "def greedy_generate(port):\n    pass\nclass BatchResult:\n    pass\n"}
-    assert _generation_entry_points(planted) == (["neuron_port.generation.x.greedy_generate"],
-                                                 ["neuron_port.generation.x.BatchResult"])
+    assert _generation_entry_points(planted) == (
+        ["neuron_port.generation.x.greedy_generate"],
+        ["neuron_port.generation.x.BatchResult"],
+    )
 
 
 MODEL_COPIERS = {
@@ -341,16 +358,18 @@ MODEL_COPIERS = {
 def _deepcopy_sites(sources: dict[str, str]) -> set[str]:
     """``module.Class.function`` of every ``copy.deepcopy`` / ``deepcopy`` call."""
     sites = set()
+
+    def visit(module: str, node: ast.AST, scope: list[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = scope + [child.name] if isinstance(child, (ast.FunctionDef, ast.ClassDef)) else scope
+            if isinstance(child, ast.Call):
+                f = child.func
+                if (isinstance(f, ast.Attribute) and f.attr == "deepcopy") or (isinstance(f, ast.Name) and f.id == "deepcopy"):
+                    sites.add(".".join([module, *scope]))
+            visit(module, child, inner)
+
     for name, text in sources.items():
-        def visit(node: ast.AST, scope: list[str]) -> None:
-            for child in ast.iter_child_nodes(node):
-                inner = scope + [child.name] if isinstance(child, (ast.FunctionDef, ast.ClassDef)) else scope
-                if isinstance(child, ast.Call):
-                    f = child.func
-                    if (isinstance(f, ast.Attribute) and f.attr == "deepcopy") or (isinstance(f, ast.Name) and f.id == "deepcopy"):
-                        sites.add(".".join([name, *scope]))
-                visit(child, inner)
-        visit(ast.parse(text), [])
+        visit(name, ast.parse(text), [])
     return sites
 
 
@@ -373,8 +392,17 @@ def test_port_is_a_small_value():
     from neuron_port.graph.port import Port
 
     assert len(inspect.signature(Port.__init__).parameters) - 1 <= 5
-    for retired in ("host_inputs_prefill", "host_inputs_decode", "decode_inputs", "example_inputs_prefill",
-                    "example_inputs_decode", "new_store", "grow_store", "prefill_runners", "decode_runners"):
+    for retired in (
+        "host_inputs_prefill",
+        "host_inputs_decode",
+        "decode_inputs",
+        "example_inputs_prefill",
+        "example_inputs_decode",
+        "new_store",
+        "grow_store",
+        "prefill_runners",
+        "decode_runners",
+    ):
         assert not hasattr(Port, retired), retired
     forwarding = [n for n, v in vars(Port).items() if isinstance(v, property)]
     assert len(forwarding) <= 5, forwarding
@@ -395,8 +423,12 @@ def _reexports(sources: dict[str, str]) -> list[str]:
         if name.count(".") < 1 or sources is None:
             continue
         tree = ast.parse(text)
-        imported = {alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
-                    and (node.module or "").startswith("neuron_port") for alias in node.names}
+        imported = {
+            alias.asname or alias.name
+            for node in tree.body
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("neuron_port")
+            for alias in node.names
+        }
         for node in tree.body:
             if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
                 found += [f"{name}.{e.value}" for e in node.value.elts if e.value in imported]
@@ -415,17 +447,40 @@ def test_one_check_type():
     """Self-checks, lint findings, artifact checks and the doctor all report ``checks.check.Check``."""
     from neuron_port.checks.check import Check
 
-    classes = sorted(f"{name}.{node.name}" for name, path in _modules().items()
-                     for node in ast.walk(ast.parse(path.read_text()))
-                     if isinstance(node, ast.ClassDef) and node.name in ("Check", "Finding"))
+    classes = sorted(
+        f"{name}.{node.name}"
+        for name, path in _modules().items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and node.name in ("Check", "Finding")
+    )
     assert classes == ["neuron_port.checks.check.Check"]
     finding = Check.finding("xla-fallback", "error", "aten::nonzero", "ran on the CPU", "move it")
-    assert finding.failed and finding.to_finding() == {"rule": "xla-fallback", "severity": "error",
-                                                       "where": "aten::nonzero", "detail": "ran on the CPU",
-                                                       "fix": "move it"}
+    assert finding.failed and finding.to_finding() == {
+        "rule": "xla-fallback",
+        "severity": "error",
+        "where": "aten::nonzero",
+        "detail": "ran on the CPU",
+        "fix": "move it",
+    }
     assert Check("port", "pass", "equal").to_json() == {"name": "port", "status": "pass", "detail": "equal", "fix": ""}
     assert Check(**Check("logits", "fail", "off", "fix it").to_json()) == Check("logits", "fail", "off", "fix it")
     import pytest
 
     with pytest.raises(ValueError, match="status is one of"):
         Check("x", "error", "a severity is not a status")
+
+
+def test_the_tree_is_lint_clean_and_ci_lints_it():
+    """``ruff check .`` with pyproject's rules finds nothing, and ``.ci/run`` runs it."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    assert "\nruff check .\n" in (ROOT / ".ci" / "run").read_text()
+    assert "[tool.ruff]" in (ROOT / "pyproject.toml").read_text()
+    ruff = shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed (the test extra installs it)")
+    proc = subprocess.run([ruff, "check", "."], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]

@@ -11,9 +11,8 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from neuron_port.model.tensorfile import read_header, read_tensors
-
 from neuron_port.errors import TensorFileError
+from neuron_port.model.tensorfile import read_header, read_tensors
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.int64, torch.int8]
 

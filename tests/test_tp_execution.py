@@ -11,18 +11,17 @@ import pytest
 import torch
 
 from neuron_port import load_config
-from neuron_port.model.configs import load_config_dict, tiny_config_dict
+from neuron_port.checks.oracle import reference_generate
 from neuron_port.errors import ParallelRankError
 from neuron_port.families import family_for
-from neuron_port.generation.logits import softcap
-from neuron_port.model.loading import build_model
-from neuron_port.parallel.launch import CHILD_ENV, run_gloo, run_in_process
-from neuron_port.checks.oracle import reference_generate
 from neuron_port.generation.generate import generate
+from neuron_port.generation.logits import softcap
 from neuron_port.generation.request import GenerationRequest
 from neuron_port.graph.shapes import PortShape
+from neuron_port.model.configs import load_config_dict, tiny_config_dict
+from neuron_port.model.loading import build_model
+from neuron_port.parallel.launch import CHILD_ENV, run_gloo, run_in_process
 from tests.helpers import run_cli
-
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,7 +35,13 @@ def _prompt(vocab, n=24, seed=1000):
 def _compare(model, tp, in_process):
     prompt = _prompt(model.config.vocab_size)
     ref = reference_generate(model, prompt, 48, [])
-    got = generate(model, GenerationRequest.greedy([prompt], 48, keep_logits=True), shape=PortShape([32], 128), tp=tp, mode="threads" if in_process else "gloo")
+    got = generate(
+        model,
+        GenerationRequest.greedy([prompt], 48, keep_logits=True),
+        shape=PortShape([32], 128),
+        tp=tp,
+        mode="threads" if in_process else "gloo",
+    )
     assert got.tokens[0] == ref["tokens"]
     port_logits = softcap(torch.stack(got.step_logits)[:, 0], model.config.final_logit_softcapping)
     ref_logits = torch.stack(ref["logits"])
@@ -46,8 +51,7 @@ def _compare(model, tp, in_process):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,tp,in_process", [("gemma-4-e4b", 2, False), ("gemma-4-12b", 2, False),
-                                                ("gemma-4-12b", 4, True)])
+@pytest.mark.parametrize("name,tp,in_process", [("gemma-4-e4b", 2, False), ("gemma-4-12b", 2, False), ("gemma-4-12b", 4, True)])
 def test_ranks_match_hugging_face(name, tp, in_process):
     """gloo processes at tp 2; tp 4 as threads (four spawned interpreters cost ~20 s on two cores, and the
     process path is the same code at any tp)."""
@@ -109,12 +113,13 @@ def test_threaded_rank_failure_is_reported():
 def test_a_script_without_a_main_guard_is_told_what_to_add(tmp_path):
     """Each gloo rank imports the main script again: an unguarded launch must say so, in one message."""
     script = tmp_path / "unguarded.py"
-    script.write_text("from neuron_port.parallel.launch import run_gloo\n"
-                      "from tests.test_tp_execution import _sum_ranks\n"
-                      "print(run_gloo(_sum_ranks, 2))\n")
+    script.write_text(
+        "from neuron_port.parallel.launch import run_gloo\n"
+        "from tests.test_tp_execution import _sum_ranks\n"
+        "print(run_gloo(_sum_ranks, 2))\n"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env,
-                          cwd=tmp_path)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()
     assert f"ParallelRankError: the script {script} starts tensor-parallel ranks when it is imported" in proc.stderr

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from neuron_port.backends.weight_pool import POOL_FILE, WeightPool, lift_constants
-from neuron_port.model.loading import build_model
 from neuron_port.model.configs import load_config
+from neuron_port.model.loading import build_model
 from tests.helpers import load_rank0_port, run_cli
 
 BUCKETS = "16,32,64,128"
@@ -97,9 +97,9 @@ def test_artifact_holds_the_weights_once_whatever_the_bucket_count(tmp_path):
     for file in index:
         assert (art / "rank0" / file).stat().st_size < biggest * 2, file
     # the oracle fails the old layout: five frozen graphs, each saved with its constants
+    from neuron_port.backends import get_backend
     from neuron_port.graph.port import Port
     from neuron_port.graph.shapes import PortShape
-    from neuron_port.backends import get_backend
 
     port = Port.over_model(model, PortShape([16, 32, 64, 128], [256]))
     port.compile(get_backend("cpu"))

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from neuron_port import describe, load_config
-from neuron_port.generation.logits import softcap
-from neuron_port.model.loading import build_model
 from neuron_port.checks.oracle import reference_generate
-from neuron_port.parallel.ranks import RankSetup
+from neuron_port.generation.logits import softcap
 from neuron_port.graph.shapes import PortShape
+from neuron_port.model.loading import build_model
+from neuron_port.parallel.ranks import RankSetup
 
 pytestmark = pytest.mark.xla
 
@@ -64,9 +64,9 @@ def e2b():
 
 
 def _xla_run(model, shape, tokens, keep_logits=False):
+    from neuron_port.backends.xla_port import xla_port
     from neuron_port.generation.generate import generate
     from neuron_port.generation.request import GenerationRequest
-    from neuron_port.backends.xla_port import xla_port
 
     port, backend = xla_port(model, RankSetup.for_layout(describe(model), 1), shape)
     return port, generate(port, GenerationRequest.greedy([PROMPT], tokens, keep_logits=keep_logits)), backend.report()
@@ -79,7 +79,7 @@ def test_logits_of_every_step_match_and_the_store_grows_on_the_device(e2b):
     port, got, report = _xla_run(e2b, PortShape(32, (32, 48)), 24, keep_logits=True)
     ref = reference_generate(e2b, PROMPT, 24)
     assert got.tokens[0] == ref["tokens"]
-    ours = softcap(torch.stack([l[0] for l in got.step_logits]), describe(e2b).softcap)
+    ours = softcap(torch.stack([step[0] for step in got.step_logits]), describe(e2b).softcap)
     theirs = torch.stack(ref["logits"])
     assert (ours - theirs).abs().max() / theirs.abs().max() < 1e-4  # tolerance: relative to the largest logit
     assert "kv_grow_to_48" in report["compile_s"] and report["aliased_buffers"]["decode_48"] == report["kv_tensors"]["decode_48"]
@@ -137,5 +137,6 @@ def test_xla_lowering_benchmark_smoke():
                           capture_output=True, text=True, timeout=900, env=env, cwd=root)
     assert proc.returncode == 0, proc.stderr[-2000:]
     tiny = json.loads(proc.stdout)["tiny"]
-    assert tiny["tokens_equal"] and tiny["port"]["cold"]["uncached_compiles"] == 2 and tiny["port"]["warm"]["uncached_compiles"] == 0
+    assert tiny["tokens_equal"] and tiny["port"]["cold"]["uncached_compiles"] == 2
+    assert tiny["port"]["warm"]["uncached_compiles"] == 0
     assert tiny["hf_static_cache"]["cold"]["uncached_compiles"] > 0 and tiny["ratio_hf_over_port"]["ms_per_token_warm"] > 0

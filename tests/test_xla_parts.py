@@ -14,22 +14,24 @@ from hypothesis import strategies as st
 
 from neuron_port import describe, load_config
 from neuron_port.backends.hlo_text import aliased_buffers, summarize
+from neuron_port.backends.spmd import COLUMN, ROW, spmd_model, weight_splits
+from neuron_port.checks.oracle import reference_generate
+from neuron_port.checks.xla_lint import findings_of
 from neuron_port.errors import ShardingError
 from neuron_port.families import family_for
-from neuron_port.model.configs import load_config_dict, tiny_config_dict
 from neuron_port.generation.generate import generate
 from neuron_port.generation.request import GenerationRequest
-from neuron_port.model.loading import build_model
-from neuron_port.checks.oracle import reference_generate
-from neuron_port.parallel.launch import identity_reduce
 from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape
+from neuron_port.model.configs import load_config_dict, tiny_config_dict
+from neuron_port.model.loading import build_model
+from neuron_port.parallel.launch import identity_reduce
 from neuron_port.parallel.ranks import RankSetup, make_rank
-from neuron_port.backends.spmd import COLUMN, ROW, spmd_model, weight_splits
 from neuron_port.versions import transformers_problem
-from neuron_port.checks.xla_lint import findings_of
 
-MODULE = """HloModule SyncTensorsGraph.42, is_scheduled=true, input_output_alias={ {0}: (3, {}, may-alias), {1}: (4, {}, may-alias) }, entry_computation_layout={(f32[2]{0})->(f32[2]{0})}
+MODULE = ("HloModule SyncTensorsGraph.42, is_scheduled=true, "
+          "input_output_alias={ {0}: (3, {}, may-alias), {1}: (4, {}, may-alias) }, "
+          "entry_computation_layout={(f32[2]{0})->(f32[2]{0})}") + """
 
 %fused_add (p: f32[2]) -> f32[2] {
   %p = f32[2]{0} parameter(0)
@@ -62,9 +64,16 @@ def test_alias_entries_are_counted_exactly(pairs):
 
 
 def _report(**changes):
-    base = {"graphs": 2, "uncached_compiles": 2, "cached_compiles": 30, "fallback_ops": {},
-            "kv_tensors": {"prefill_32": 12, "decode_64": 12}, "aliased_buffers": {"prefill_32": 12, "decode_64": 12},
-            "hlo_opcodes": {"prefill_32": {"dot": 5}, "decode_64": {"dot": 5}}, "dynamic_dimensions": {}}
+    base = {
+        "graphs": 2,
+        "uncached_compiles": 2,
+        "cached_compiles": 30,
+        "fallback_ops": {},
+        "kv_tensors": {"prefill_32": 12, "decode_64": 12},
+        "aliased_buffers": {"prefill_32": 12, "decode_64": 12},
+        "hlo_opcodes": {"prefill_32": {"dot": 5}, "decode_64": {"dot": 5}},
+        "dynamic_dimensions": {},
+    }
     return {**base, **changes}
 
 
@@ -121,8 +130,18 @@ def test_an_old_transformers_is_refused_in_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-c", "import neuron_port"], capture_output=True, text=True, env=env)
     assert proc.returncode != 0 and "ImportError: neuron_port needs transformers >= 5.24" in proc.stderr
     assert "found 5.23.0" in proc.stderr and "AttributeError" not in proc.stderr
-    proc = subprocess.run([sys.executable, "-c", "import sys, neuron_port_launcher; sys.exit(neuron_port_launcher.main())",
-                           "describe", "gemma-4-e2b"], capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, neuron_port_launcher; sys.exit(neuron_port_launcher.main())",
+            "describe",
+            "gemma-4-e2b",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1
     assert proc.stderr.startswith("error: neuron_port needs transformers >= 5.24") and "found 5.23.0" in proc.stderr
     assert transformers_problem("5.24.0") is None and transformers_problem("5.13.0") and transformers_problem(None)
@@ -162,7 +181,7 @@ def test_the_runtime_takes_the_grad_mode_its_runners_allow():
         port.runners.inference_mode = allowed
         seen = []
         original = port.runners.decode[32]
-        port.runners.decode[32] = lambda *a, _f=original: (seen.append(torch.is_inference_mode_enabled()), _f(*a))[1]
+        port.runners.decode[32] = lambda *a, _f=original, _seen=seen: (_seen.append(torch.is_inference_mode_enabled()), _f(*a))[1]
         events = stream_static(port, GenerationRequest.greedy([[2, 5, 6]], 4))
         next(events)
         assert not torch.is_inference_mode_enabled()  # not held while the caller handles an event

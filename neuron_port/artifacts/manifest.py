@@ -27,9 +27,10 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Iterator, Mapping
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import torch
 
@@ -136,7 +137,10 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise ArtifactError(f"{path} does not parse: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ArtifactError(f"{path}: field 'format' expected {FORMAT!r}, found {manifest.get('format') if isinstance(manifest, dict) else manifest!r}")
+        raise ArtifactError(
+            f"{path}: field 'format' expected {FORMAT!r}, "
+            f"found {manifest.get('format') if isinstance(manifest, dict) else manifest!r}"
+        )
     return manifest
 
 
@@ -181,8 +185,10 @@ def _adapter_fix(recorded: AdapterSource, found: AdapterSource | None) -> str:
         module = recorded.adapter_class.split(":")[0]
         return f"import {module} and register its adapter before loading (or ship it as a plugin)"
     if recorded.distribution == "neuron-port" and found is not None:
-        return (f"the plugin {found.requirement()} replaces the shipped adapter here: uninstall it "
-                f"(pip uninstall {found.distribution}) or rebuild the artifact with it")
+        return (
+            f"the plugin {found.requirement()} replaces the shipped adapter here: uninstall it "
+            f"(pip uninstall {found.distribution}) or rebuild the artifact with it"
+        )
     return f"install that plugin (pip install {recorded.requirement()})"
 
 
@@ -196,18 +202,24 @@ def _check_adapter(manifest: dict[str, Any], allow_mismatch: bool) -> None:
     try:
         found = adapter_source(family_for(manifest["model_type"]))
     except UnsupportedArchitectureError:
-        raise ArtifactError(f"field adapter: the artifact was built by the adapter {built_by} for model type "
-                            f"{manifest['model_type']!r}, which is not installed here; "
-                            f"{_adapter_fix(recorded, None)}") from None
+        raise ArtifactError(
+            f"field adapter: the artifact was built by the adapter {built_by} for model type "
+            f"{manifest['model_type']!r}, which is not installed here; "
+            f"{_adapter_fix(recorded, None)}"
+        ) from None
     if (found.adapter_class, found.distribution) != (recorded.adapter_class, recorded.distribution):
-        raise ArtifactError(f"field adapter: the artifact was built by {built_by}, this environment resolves model "
-                            f"type {manifest['model_type']!r} to {found.adapter_class} of {found.requirement()}; "
-                            f"{_adapter_fix(recorded, found)}")
+        raise ArtifactError(
+            f"field adapter: the artifact was built by {built_by}, this environment resolves model "
+            f"type {manifest['model_type']!r} to {found.adapter_class} of {found.requirement()}; "
+            f"{_adapter_fix(recorded, found)}"
+        )
     if found.version != recorded.version and not allow_mismatch and found.distribution != "neuron-port":
-        raise ArtifactError(f"field adapter: the artifact was built by {built_by}, this environment has "
-                            f"{found.requirement()}; an adapter of another version can shard or feed the graphs "
-                            "differently. Install the version it was built with, rebuild the artifact, or pass "
-                            "--allow-version-mismatch")
+        raise ArtifactError(
+            f"field adapter: the artifact was built by {built_by}, this environment has "
+            f"{found.requirement()}; an adapter of another version can shard or feed the graphs "
+            "differently. Install the version it was built with, rebuild the artifact, or pass "
+            "--allow-version-mismatch"
+        )
 
 
 def verify(directory: str | Path, allow_version_mismatch: bool = False) -> dict[str, Any]:

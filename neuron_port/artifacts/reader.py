@@ -12,17 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from neuron_port.artifacts.manifest import host_ranks
-
-from neuron_port.errors import ArtifactError
 from neuron_port.backends import get_backend
-from neuron_port.model.configs import load_config
+from neuron_port.errors import ArtifactError
 from neuron_port.graph.embedding import load_host_embeddings
-from neuron_port.model.layout import describe
 from neuron_port.graph.port import Port
-from neuron_port.parallel.launch import Reduce, identity_reduce
-from neuron_port.parallel.ranks import Rank, RankSetup, make_rank
 from neuron_port.graph.runners import load_runners
 from neuron_port.graph.shapes import PortShape
+from neuron_port.model.configs import load_config
+from neuron_port.model.layout import describe
+from neuron_port.parallel.launch import Reduce, identity_reduce
+from neuron_port.parallel.ranks import Rank, RankSetup, make_rank
 
 
 def artifact_setup(directory: str | Path, manifest: dict[str, Any]) -> RankSetup:

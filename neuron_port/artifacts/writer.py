@@ -1,11 +1,12 @@
 """Writing an artifact: the host files, every rank's compiled graphs, the manifest.
 
-:func:`write_artifact` is the whole job, in the order a reader can follow: the host files
-(config, embedding tables, tokenizer) first, then :func:`compile_rank` on every rank of the
-given :class:`~neuron_port.parallel.ranks.RankSetup` (gloo processes for tp > 1, so the traced graphs
+:func:`write_artifact` is the whole job, in the order a reader can follow: the host files (config,
+embedding tables, tokenizer) first, then :func:`compile_rank` on every rank of the given
+:class:`~neuron_port.parallel.ranks.RankSetup` (gloo processes for tp > 1, so the traced graphs
 carry the all-reduce as an op), then the manifest. The nxd backend instead traces every rank's
-graphs with one ModelBuilder in this process (:func:`~neuron_port.backends.nxd_artifact.write_nxd_rank`). Each rank builds its port over its shard
-(:meth:`Port.for_rank`), compiles it with the same loop ``Port.compile`` uses, and saves its
+graphs with one ModelBuilder in this process
+(:func:`~neuron_port.backends.nxd_artifact.write_nxd_rank`). Each rank builds its port over its
+shard (:meth:`Port.for_rank`), compiles it with the same loop ``Port.compile`` uses, and saves its
 weights and graphs. The directory is written under a temporary name and renamed into place.
 """
 
@@ -32,18 +33,23 @@ from neuron_port.backends import check_backend_tp, get_backend, require_backend
 from neuron_port.backends.base import check_single_kv_length
 from neuron_port.backends.nxd_artifact import write_nxd_rank
 from neuron_port.backends.weight_pool import HOST_PREFIX
-from neuron_port.model.configs import config_to_dict
-from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.families import DecoderFamily, adapter_source
-from neuron_port.model.localdir import write_tokenizer
-from neuron_port.model.loading import checkpoint_state
+from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.graph.port import Port
-from neuron_port.parallel.ranks import Rank, RankSetup, check_setup_matches, run_ranks
 from neuron_port.graph.runners import save_runners
 from neuron_port.graph.shapes import PortShape
+from neuron_port.model.configs import config_to_dict
+from neuron_port.model.loading import checkpoint_state
+from neuron_port.model.localdir import write_tokenizer
+from neuron_port.parallel.ranks import Rank, RankSetup, check_setup_matches, run_ranks
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
 """The model's files an artifact carries beside its graphs: tokenizer, special tokens, chat template, eos ids."""
 
 
@@ -57,14 +63,17 @@ def compile_rank(out_dir: str, shape: PortShape, backend_name: str, batch: int, 
     rank_dir = Path(out_dir) / f"rank{rank.rank}"
     rank_dir.mkdir(parents=True, exist_ok=True)
     # The rank's weights, once for all its graphs; a tied head reads the host's word table (not stored twice).
-    named = {**checkpoint_state(rank.model, clone=False),
-             HOST_PREFIX + "word": rank.layout.family.word_embedding(rank.model).weight.detach()}
+    named = {
+        **checkpoint_state(rank.model, clone=False),
+        HOST_PREFIX + "word": rank.layout.family.word_embedding(rank.model).weight.detach(),
+    }
     save_runners(port.runners, backend, rank_dir, named)
     return {"kv_layout": port.stores.kv_layout(), "runners": port.runners.facts()}
 
 
-def write_host_files(out: Path, model: nn.Module, family: DecoderFamily, source: dict[str, Any],
-                     tokenizer_dir: str | Path | None) -> tuple[dict[str, Any], HostEmbeddings]:
+def write_host_files(
+    out: Path, model: nn.Module, family: DecoderFamily, source: dict[str, Any], tokenizer_dir: str | Path | None
+) -> tuple[dict[str, Any], HostEmbeddings]:
     """config.json, embeddings.safetensors and the tokenizer files; returns the config dict and
     the host embeddings written (``family``: the model's adapter, resolved by the caller)."""
     config = family.text_config_of(model)
@@ -102,8 +111,10 @@ def write_artifact(
     prove it is the same checkpoint (weights fingerprint). ``model`` is not modified.
     """
     if backend not in ("cpu", "cpu-eager", "neuron", "nxd"):
-        raise ArtifactError(f"backend {backend!r} does not save graphs; an artifact takes cpu, neuron or nxd "
-                            "(xla graphs are checked in process with 'neuron-port port --backend xla')")
+        raise ArtifactError(
+            f"backend {backend!r} does not save graphs; an artifact takes cpu, neuron or nxd "
+            "(xla graphs are checked in process with 'neuron-port port --backend xla')"
+        )
     check_backend_tp(backend, setup.tp)
     require_backend(backend)  # fail fast (missing SDK) before any work
     try:
@@ -118,21 +129,24 @@ def write_artifact(
             ranks = [write_nxd_rank(tmp / "rank0", model, setup, shape, batch)]
         else:
             ranks = run_ranks(functools.partial(compile_rank, str(tmp), shape, backend, batch), setup, model, mode="gloo")
-        manifest = write_manifest(tmp, {
-            "backend": backend,
-            "versions": installed_versions(),
-            "model_type": config_dict["model_type"],
-            "adapter": adapter_source(setup.layout.family).to_json(),
-            "config_hash": config_hash(config_dict),
-            "weights_fingerprint": weights_fingerprint(checkpoint_state(model, clone=False)),
-            "source": source,
-            **shape.to_json(),
-            "tp": setup.tp,
-            "batch": batch,
-            "dtype": str(embeddings.word.dtype),
-            "kv_layout": [r["kv_layout"] for r in ranks],
-            "runners": ranks[0]["runners"],
-        })
+        manifest = write_manifest(
+            tmp,
+            {
+                "backend": backend,
+                "versions": installed_versions(),
+                "model_type": config_dict["model_type"],
+                "adapter": adapter_source(setup.layout.family).to_json(),
+                "config_hash": config_hash(config_dict),
+                "weights_fingerprint": weights_fingerprint(checkpoint_state(model, clone=False)),
+                "source": source,
+                **shape.to_json(),
+                "tp": setup.tp,
+                "batch": batch,
+                "dtype": str(embeddings.word.dtype),
+                "kv_layout": [r["kv_layout"] for r in ranks],
+                "runners": ranks[0]["runners"],
+            },
+        )
     return manifest
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from neuron_port.backends.sdk import NEURON_HINT, check_backend_tp, require_backend
-
 from neuron_port.errors import NeuronPortError
 
 

@@ -9,14 +9,14 @@ has one KV length (:func:`check_single_kv_length`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from neuron_port.graph.step import Runnable
-
 
 
 class Backend(Protocol):

@@ -13,15 +13,16 @@ it was traced with.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
-from neuron_port.graph.step import Runnable
 from neuron_port.backends.static_graph_passes import optimize_traced
 from neuron_port.backends.weight_pool import WeightPool, bind_graphs, save_lifted, view_key
+from neuron_port.graph.step import Runnable
 
 
 class CpuBackend:

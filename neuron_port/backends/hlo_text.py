@@ -18,7 +18,9 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(?P<shape>\((?:[^()]|\([^()]*\))*\)|\S+)\s+(?P<opcode>[a-z][\w\-]*)\(", re.M)
+_INSTRUCTION = re.compile(
+    r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(?P<shape>\((?:[^()]|\([^()]*\))*\)|\S+)\s+(?P<opcode>[a-z][\w\-]*)\(", re.M
+)
 _ALIAS = re.compile(r"input_output_alias=\{(?P<body>.*?)\}\s*(?:,\s*\w+=|$)", re.S)
 _ALIAS_ENTRY = re.compile(r"\{[\d,\s]*\}\s*:\s*\(")
 _DYNAMIC_DIM = re.compile(r"\[[^\]]*<=[^\]]*\]")
@@ -42,8 +44,12 @@ class HloSummary:
     dynamic_dimensions: int = 0
 
     def to_json(self) -> dict:
-        return {"instructions": self.instructions, "opcodes": dict(sorted(self.opcodes.items())),
-                "aliased_buffers": self.aliased_buffers, "dynamic_dimensions": self.dynamic_dimensions}
+        return {
+            "instructions": self.instructions,
+            "opcodes": dict(sorted(self.opcodes.items())),
+            "aliased_buffers": self.aliased_buffers,
+            "dynamic_dimensions": self.dynamic_dimensions,
+        }
 
 
 def header(text: str) -> str:

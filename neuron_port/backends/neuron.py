@@ -24,7 +24,7 @@ run by ``neuron-port generate DIR`` or ``serve``. The SDK is imported only when 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from neuron_port.backends.nxd_artifact import NxdBackend
 from neuron_port.errors import NeuronPortError

@@ -34,17 +34,18 @@ from __future__ import annotations
 import copy
 import functools
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
 from torch import nn
 
 from neuron_port.backends.sdk import require_backend
-from neuron_port.model.buffers import persistent_buffers
 from neuron_port.errors import ShardingError
 from neuron_port.families import family_of
+from neuron_port.model.buffers import persistent_buffers
 from neuron_port.model.loading import checkpoint_state
 from neuron_port.parallel.launch import CHILD_ENV, is_tp_child
 from neuron_port.parallel.ranks import Rank, RankSetup, run_ranks
@@ -79,7 +80,7 @@ def nxd_checkpoint(model: nn.Module, setup: RankSetup, layer_dtype: torch.dtype 
     tables = tuple(key.rpartition(".")[0] + "." for key in host_table_keys(model))
     # the host tables (weights and any buffer of theirs) are left out before anything is copied
     state = {k: v.clone() for k, v in state.items() if not k.startswith(tables)}
-    for spec, layer in zip(layout.layers, family.decoder_layers(model)):
+    for spec, layer in zip(layout.layers, family.decoder_layers(model), strict=True):
         proj = family.attention_projections(family.attention(layer))
         for role in ("k", "v"):
             if proj[role] is not None:
@@ -130,7 +131,7 @@ def check_nxd_supported(model: nn.Module, setup: RankSetup) -> None:
     if family.fused_projections:
         raise ShardingError(f"the {family.name} adapter fuses its projections; the nxd backend swaps one "
                             "parallel layer per role and supports unfused families only")
-    for spec, layer in zip(setup.layout.layers, family.decoder_layers(model)):
+    for spec, layer in zip(setup.layout.layers, family.decoder_layers(model), strict=True):
         attn, mlp = family.layer_projections(layer, spec.index)
         biased = [role for role, module in {**attn, **mlp}.items() if getattr(module, "bias", None) is not None]
         if biased:
@@ -157,22 +158,30 @@ def parallelize_for_nxd(model: nn.Module, setup: RankSetup, dtype: torch.dtype =
     layout, plan, tp = setup.layout, setup.plan, setup.tp
     family = layout.family
     h = layout.hidden_size
-    for spec, layer in zip(layout.layers, family.decoder_layers(model)):
+    for spec, layer in zip(layout.layers, family.decoder_layers(model), strict=True):
         heads = plan.layers[spec.index].plan
         d, local_kv = spec.head_dim, len(heads.ranks[0].kv_heads)
         attn = family.attention(layer)
         proj = family.attention_projections(attn)
-        family.set_attention_projection(attn, "q", ColumnParallelLinear(h, spec.n_q * d, bias=False, gather_output=False, dtype=dtype))
+        q = ColumnParallelLinear(h, spec.n_q * d, bias=False, gather_output=False, dtype=dtype)
+        family.set_attention_projection(attn, "q", q)
         for role in ("k", "v"):
             if proj[role] is not None:
                 family.set_attention_projection(
-                    attn, role, ColumnParallelLinear(h, tp * local_kv * d, bias=False, gather_output=False, dtype=dtype))
-        family.set_attention_projection(attn, "o", RowParallelLinear(spec.n_q * d, h, bias=False, input_is_parallel=True, dtype=dtype))
+                    attn, role, ColumnParallelLinear(h, tp * local_kv * d, bias=False, gather_output=False, dtype=dtype)
+                )
+        family.set_attention_projection(
+            attn, "o", RowParallelLinear(spec.n_q * d, h, bias=False, input_is_parallel=True, dtype=dtype)
+        )
         family.set_kv_groups(attn, heads.ranks[0].groups)
         mlp = family.mlp(layer)
         for role in ("gate", "up"):
-            family.set_mlp_projection(mlp, role, ColumnParallelLinear(h, spec.intermediate_size, bias=False, gather_output=False, dtype=dtype))
-        family.set_mlp_projection(mlp, "down", RowParallelLinear(spec.intermediate_size, h, bias=False, input_is_parallel=True, dtype=dtype))
+            family.set_mlp_projection(
+                mlp, role, ColumnParallelLinear(h, spec.intermediate_size, bias=False, gather_output=False, dtype=dtype)
+            )
+        family.set_mlp_projection(
+            mlp, "down", RowParallelLinear(spec.intermediate_size, h, bias=False, input_is_parallel=True, dtype=dtype)
+        )
     return model
 
 
@@ -273,7 +282,7 @@ class ResidentKVRunner:
     def __call__(self, *args: torch.Tensor):
         out = self.executor(*args[: self.n_inputs])
         logits = out[0] if isinstance(out, (list, tuple)) else out
-        return (logits, *args[self.n_inputs:])
+        return (logits, *args[self.n_inputs :])
 
 
 def build(
@@ -302,14 +311,20 @@ def build(
     for key, (_, inputs) in graphs.items():
         shapes = str([tuple(t.shape) for t in inputs])
         if shapes in routes:
-            raise ValueError(f"graphs {routes[shapes]!r} and {key!r} take inputs of the same shapes {shapes}: "
-                             "NxD's executor routes a call by its input shapes and could not tell them apart")
+            raise ValueError(
+                f"graphs {routes[shapes]!r} and {key!r} take inputs of the same shapes {shapes}: "
+                "NxD's executor routes a call by its input shapes and could not tell them apart"
+            )
         routes[shapes] = key
 
     os.environ[CHILD_ENV] = "1"  # inherited by any worker ModelBuilder starts
     try:
-        builder = ModelBuilder(router=None, tp_degree=tp, checkpoint_loader=checkpoint_loader,
-                               compiler_workdir=str(compiler_workdir or Path(out_dir) / "compiler"))
+        builder = ModelBuilder(
+            router=None,
+            tp_degree=tp,
+            checkpoint_loader=checkpoint_loader,
+            compiler_workdir=str(compiler_workdir or Path(out_dir) / "compiler"),
+        )
         for key, (make_resident, inputs) in graphs.items():
             builder.add(key, graph_instance(make_resident), [tuple(inputs)], compiler_args)
         executor = builder.trace(initialize_model_weights=False)
@@ -330,12 +345,28 @@ def load(artifact_dir: Path, tp: int, start_rank: int = 0) -> Any:
     from safetensors.torch import load_file
 
     model = torch.jit.load(str(Path(artifact_dir) / "model.pt"))
-    shards = [load_file(str(Path(artifact_dir) / "weights" / f"tp{r}_sharded_checkpoint.safetensors"))
-              for r in range(start_rank, start_rank + tp)]
+    shards = [
+        load_file(str(Path(artifact_dir) / "weights" / f"tp{r}_sharded_checkpoint.safetensors"))
+        for r in range(start_rank, start_rank + tp)
+    ]
     model.nxd_model.initialize(shards, torch.tensor([start_rank], dtype=torch.int32))
     return model
 
 
-__all__ = ["host_table_keys", "check_nxd_supported", "device_copy", "nxd_checkpoint", "traced_checkpoint", "parallelize_for_nxd", "rank_checkpoints",
-           "save_rank_checkpoints", "KVResident", "alias_map", "graph_instance", "ResidentKVRunner", "build", "load",
-           "TRACED_PREFIX"]
+__all__ = [
+    "host_table_keys",
+    "check_nxd_supported",
+    "device_copy",
+    "nxd_checkpoint",
+    "traced_checkpoint",
+    "parallelize_for_nxd",
+    "rank_checkpoints",
+    "save_rank_checkpoints",
+    "KVResident",
+    "alias_map",
+    "graph_instance",
+    "ResidentKVRunner",
+    "build",
+    "load",
+    "TRACED_PREFIX",
+]

@@ -18,23 +18,32 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
 from neuron_port.backends.base import check_single_kv_length
-from neuron_port.backends.nxd import (KVResident, ResidentKVRunner, build, check_nxd_supported, device_copy, load,
-                                      parallelize_for_nxd, traced_checkpoint)
-from neuron_port.graph.embedding import HostEmbeddings
+from neuron_port.backends.nxd import (
+    KVResident,
+    ResidentKVRunner,
+    build,
+    check_nxd_supported,
+    device_copy,
+    load,
+    parallelize_for_nxd,
+    traced_checkpoint,
+)
 from neuron_port.errors import ArtifactError, NeuronPortError
+from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.graph.graphs import DecodeGraph, PrefillGraph
 from neuron_port.graph.host_inputs import HostInputs
-from neuron_port.parallel.ranks import RankSetup
 from neuron_port.graph.runners import runner_file
 from neuron_port.graph.shapes import PortShape, StoreShapes
 from neuron_port.model.tensorfile import read_header
+from neuron_port.parallel.ranks import RankSetup
 
 GRAPHS_FILE = "nxd_graphs.json"
 

@@ -15,7 +15,7 @@ Plans whose ranks straddle KV groups (no uniform repeat factor) have no such lay
 from __future__ import annotations
 
 import copy
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -42,7 +42,7 @@ def spmd_model(model: nn.Module, setup: RankSetup) -> tuple[nn.Module, dict[int,
                             "slices (run the ranks as gloo processes on the CPU backend instead)")
     out = copy.deepcopy(model)
     kv_heads = {}
-    for spec, layer in zip(layout.layers, family.decoder_layers(out)):
+    for spec, layer in zip(layout.layers, family.decoder_layers(out), strict=True):
         heads = plan.layers[spec.index].plan
         if heads.ranks[0].groups is None:
             raise ShardingError(f"layer {spec.index}: {spec.n_q} q / {spec.n_kv} kv at tp {tp} straddles KV groups; "

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import torch
 from safetensors.torch import save_file
@@ -149,7 +149,7 @@ class WeightPool:
         if tensor.numel() == 0:
             return None
         lowest = tensor.storage_offset()
-        highest = lowest + sum((n - 1) * st for n, st in zip(tensor.shape, tensor.stride()))
+        highest = lowest + sum((n - 1) * st for n, st in zip(tensor.shape, tensor.stride(), strict=True))
         for base_name in self._storages.get(tensor.untyped_storage().data_ptr(), []):
             base = self.named[base_name]
             start = base.storage_offset()
@@ -261,7 +261,7 @@ def bind_graphs(rank_dir: Path, files: Sequence[str], host: Mapping[str, torch.T
         if file not in index:
             raise KeyError(f"{rank_dir / INDEX_FILE} lists no tensors for graph {file}")
         tensors = [_entry_tensor(e, pooled, host, made) for e in index[file]]
-        for i, (tensor, (dtype, shape)) in enumerate(zip(tensors, specs[file])):
+        for i, (tensor, (dtype, shape)) in enumerate(zip(tensors, specs[file], strict=True)):
             if str(tensor.dtype) != dtype or list(tensor.shape) != shape:
                 raise ValueError(f"{rank_dir.name}/{file}: input tensor {i} ({index[file][i]}) expected {dtype} "
                                  f"{shape}, found {tensor.dtype} {list(tensor.shape)}")
@@ -269,5 +269,16 @@ def bind_graphs(rank_dir: Path, files: Sequence[str], host: Mapping[str, torch.T
     return out
 
 
-__all__ = ["LIFT_MIN_BYTES", "POOL_FILE", "view_key", "INDEX_FILE", "SPEC_FILE", "HOST_PREFIX", "lift_constants", "WeightPool", "save_lifted",
-           "BoundGraph", "bind_graphs"]
+__all__ = [
+    "LIFT_MIN_BYTES",
+    "POOL_FILE",
+    "view_key",
+    "INDEX_FILE",
+    "SPEC_FILE",
+    "HOST_PREFIX",
+    "lift_constants",
+    "WeightPool",
+    "save_lifted",
+    "BoundGraph",
+    "bind_graphs",
+]

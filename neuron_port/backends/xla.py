@@ -31,15 +31,15 @@ import glob
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from neuron_port.backends.hlo_text import HloSummary, summarize
-from neuron_port.errors import BackendUnavailableError
-from neuron_port.errors import NeuronPortError
+from neuron_port.errors import BackendUnavailableError, NeuronPortError
 from neuron_port.graph.step import INPUT_NAMES
 
 XLA_HINT = ("install torch-xla beside the matching torch, in its own virtualenv (torch-xla 2.8 needs torch 2.8): "
@@ -178,7 +178,7 @@ class XlaRunner:
     write_back = True
     sync_each_step = True
 
-    def __init__(self, backend: "XlaBackend", name: str, graph: nn.Module, kv_tensors: int):
+    def __init__(self, backend: XlaBackend, name: str, graph: nn.Module, kv_tensors: int):
         self.backend, self.name, self.graph, self.kv_tensors = backend, name, graph, kv_tensors
 
     def _sync(self) -> None:
@@ -199,7 +199,7 @@ class XlaRunner:
             if not self.write_back:
                 self._sync()
                 return out
-            for buf, new in zip(kv, out[1:]):
+            for buf, new in zip(kv, out[1:], strict=True):
                 buf.copy_(new)  # written back in place: XLA aliases the store to the outputs
             self._sync()
             return (out[0], *kv)

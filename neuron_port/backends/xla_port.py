@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from torch import nn
 
+from neuron_port.backends.spmd import spmd_model
 from neuron_port.backends.xla import XlaBackend
 from neuron_port.graph.port import Port
-from neuron_port.parallel.ranks import RankSetup, run_ranks
 from neuron_port.graph.shapes import PortShape
-from neuron_port.backends.spmd import spmd_model
+from neuron_port.parallel.ranks import RankSetup, run_ranks
 
 
 def xla_port(model: nn.Module, setup: RankSetup, shape: PortShape, batch: int = 1) -> tuple[Port, XlaBackend]:

@@ -33,7 +33,7 @@ class Check:
             raise ValueError(f"a check's status is one of {STATUSES}, found {self.status!r}")
 
     @classmethod
-    def finding(cls, rule: str, severity: str, where: str, detail: str, fix: str) -> "Check":
+    def finding(cls, rule: str, severity: str, where: str, detail: str, fix: str) -> Check:
         """A lint finding: ``severity`` ``error``, ``warning`` or ``info``."""
         if severity not in STATUS_OF_SEVERITY:
             raise ValueError(f"a finding's severity is one of {sorted(STATUS_OF_SEVERITY)}, found {severity!r}")

@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from neuron_port.errors import NeuronPortError
-from neuron_port.families import DecoderFamily, family_for
 from neuron_port.checks.check import Check
 from neuron_port.checks.selfcheck import as_json, model_self_checks
+from neuron_port.errors import NeuronPortError
+from neuron_port.families import DecoderFamily, family_for
 
 SAMPLE_TEXTS = ("hello world", "the capital of france is paris", "water and fire")
 UNK_FLOOD = 0.2
@@ -139,7 +139,11 @@ def _artifact(directory: Path) -> Check:
         manifest = verify(directory)
     except NeuronPortError as exc:
         return Check("artifact", "fail", str(exc), "rebuild the artifact with `neuron-port compile` in this environment")
-    return Check("artifact", "pass", f"manifest verified ({len(manifest['files'])} files, backend {manifest['backend']}, tp {manifest['tp']})")
+    return Check(
+        "artifact",
+        "pass",
+        f"manifest verified ({len(manifest['files'])} files, backend {manifest['backend']}, tp {manifest['tp']})",
+    )
 
 
 def _probe_prompt(config, family: DecoderFamily, bucket: int) -> list[int]:
@@ -152,15 +156,15 @@ def _probe_prompt(config, family: DecoderFamily, bucket: int) -> list[int]:
 def _port_model_dir(directory: Path, config, family: DecoderFamily, tokens: int) -> list[Check]:
     """The library's loader against transformers' ``from_pretrained`` (the reference), then the
     port's tokens against that reference and the self-checks tokens cannot replace."""
-    from neuron_port.generation.generate import generate
-    from neuron_port.generation.request import GenerationRequest
-    from neuron_port.model.layout import describe
-    from neuron_port.model.loading import load_model_dir
     from neuron_port.checks.oracle import reference_generate
-    from neuron_port.parallel.ranks import RankSetup
     from neuron_port.checks.reference import hf_reference_model
     from neuron_port.checks.selfcheck import check_loader
+    from neuron_port.generation.generate import generate
+    from neuron_port.generation.request import GenerationRequest
     from neuron_port.graph.shapes import PortShape
+    from neuron_port.model.layout import describe
+    from neuron_port.model.loading import load_model_dir
+    from neuron_port.parallel.ranks import RankSetup
 
     reference = hf_reference_model(directory)
     model = load_model_dir(directory)
@@ -172,16 +176,17 @@ def _port_model_dir(directory: Path, config, family: DecoderFamily, tokens: int)
     ref = reference_generate(reference, prompt, tokens)
     setup = RankSetup.for_layout(describe(model), 1)
     got = generate(model, GenerationRequest.greedy([prompt], tokens, keep_logits=True), shape=shape, setup=setup)
-    checks, _ = model_self_checks(model, setup, shape, prompt, got.tokens[0], got.step_logits, reference=reference,
-                                  with_loader=False)
+    checks, _ = model_self_checks(
+        model, setup, shape, prompt, got.tokens[0], got.step_logits, reference=reference, with_loader=False
+    )
     return [loader, _port_verdict(got.tokens[0], ref), *checks]
 
 
 def _port_artifact(directory: Path, config, family: DecoderFamily, tokens: int) -> list[Check]:
     """The artifact's tokens, host embeddings and step logits against the checkpoint it was built from."""
     from neuron_port.artifacts.manifest import read_manifest
-    from neuron_port.checks.reference import reference_model
     from neuron_port.checks.oracle import reference_generate
+    from neuron_port.checks.reference import reference_model
     from neuron_port.checks.validation import artifact_run_report, artifact_self_checks
     from neuron_port.generation.generate import generate
     from neuron_port.generation.request import GenerationRequest
@@ -190,8 +195,7 @@ def _port_artifact(directory: Path, config, family: DecoderFamily, tokens: int) 
     prompt = _probe_prompt(config, family, max(manifest["buckets"]))
     reference = reference_model(manifest)
     result = generate(directory, GenerationRequest.greedy([prompt], tokens, keep_logits=True), manifest=manifest)
-    out = artifact_self_checks(directory, manifest, reference, prompt,
-                               artifact_run_report(directory, manifest, prompt, result))
+    out = artifact_self_checks(directory, manifest, reference, prompt, artifact_run_report(directory, manifest, prompt, result))
     verdict = _port_verdict(out["tokens"], reference_generate(reference, prompt, tokens))
     return [verdict, *(Check(**check) for check in out["self_checks"])]
 
@@ -203,9 +207,13 @@ def _port_verdict(got: list[int], ref: dict) -> Check:
     if div is None:
         return Check("port", "pass", f"{len(got)} greedy tokens equal Hugging Face generate on CPU")
     kind = div["kind"] if div["kind"] != "length differs" else "length"
-    return Check("port", "fail", f"first divergence at token {div['index']} ({kind})",
-                 "the reference is transformers' own from_pretrained and the earlier checks passed: suspect the "
-                 "port/graphs or the runtime")
+    return Check(
+        "port",
+        "fail",
+        f"first divergence at token {div['index']} ({kind})",
+        "the reference is transformers' own from_pretrained and the earlier checks passed: suspect the "
+        "port/graphs or the runtime",
+    )
 
 
 def run_doctor(directory: str | Path, tokens: int = 8) -> list[Check]:
@@ -218,7 +226,14 @@ def run_doctor(directory: str | Path, tokens: int = 8) -> list[Check]:
     try:
         config = load_config(directory / "config.json")
     except NeuronPortError as exc:
-        checks.append(Check("config", "fail", str(exc), "config.json must be a config of a supported family (neuron_port.families.supported_model_types())"))
+        checks.append(
+            Check(
+                "config",
+                "fail",
+                str(exc),
+                "config.json must be a config of a supported family (neuron_port.families.supported_model_types())",
+            )
+        )
         return checks
     family = family_for(config.model_type)
     checks.append(_tokenizer_check(directory, config, family))

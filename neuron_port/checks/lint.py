@@ -32,13 +32,13 @@ import torch
 from torch import nn
 
 from neuron_port.checks.check import Check
-from neuron_port.model.configs import load_config
 from neuron_port.errors import AdapterError
-from neuron_port.model.layout import Layout, describe
 from neuron_port.generation.logits import softcap
-from neuron_port.model.loading import build_model
 from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape
+from neuron_port.model.configs import load_config
+from neuron_port.model.layout import Layout, describe
+from neuron_port.model.loading import build_model
 
 SBUF_PARTITIONS = 128
 SBUF_BYTES_PER_PARTITION = 196_608
@@ -111,13 +111,26 @@ def _scan(traced: torch.jit.ScriptModule, name: str, tiny_vocab: int, real: Layo
             source = next(iter(node.inputs()))
             producer = source.node().kind()
             if not _shape_derived(source, {}):
-                findings.append(Check.finding(
-                    "value-baked-into-trace", "error", f"{name}: {kind} of {producer}",
-                    "a tensor's value becomes a Python number: the trace freezes the example's value (a position, an index)",
-                    "pass positions as tensors and select with one-hot arithmetic (neuron_port.graph.masks, neuron_port.graph.kv.onehot_write)"))
+                findings.append(
+                    Check.finding(
+                        "value-baked-into-trace",
+                        "error",
+                        f"{name}: {kind} of {producer}",
+                        "a tensor's value becomes a Python number: the trace freezes the example's value (a position, an index)",
+                        "pass positions as tensors and select with one-hot arithmetic "
+                        "(neuron_port.graph.masks, neuron_port.graph.kv.onehot_write)",
+                    )
+                )
         if kind in HOSTILE_OPS:
-            findings.append(Check.finding("neuron-hostile-op", "error", f"{name}: {kind}", HOSTILE_OPS[kind].split(":")[0],
-                                    HOSTILE_OPS[kind].split(": ", 1)[-1]))
+            findings.append(
+                Check.finding(
+                    "neuron-hostile-op",
+                    "error",
+                    f"{name}: {kind}",
+                    HOSTILE_OPS[kind].split(":")[0],
+                    HOSTILE_OPS[kind].split(": ", 1)[-1],
+                )
+            )
         if kind in ELEMENTWISE:
             for out in node.outputs():
                 sizes = out.type().sizes() if hasattr(out.type(), "sizes") else None
@@ -125,17 +138,21 @@ def _scan(traced: torch.jit.ScriptModule, name: str, tiny_vocab: int, real: Layo
                     rows = int(math.prod(sizes[:-1]))
                     need = sbuf_bytes_per_partition(rows, real.vocab_size, dtype_bytes)
                     if need > SBUF_BYTES_PER_PARTITION:
-                        findings.append(Check.finding(
-                            "sbuf-overflow-vocab-elementwise", "error", f"{name}: {kind} over [rows={rows}, vocab]",
-                            f"{need:,} B per SBUF partition (ceil({rows}/128) x {real.vocab_size:,} x {dtype_bytes} B) "
-                            f"against {SBUF_BYTES_PER_PARTITION:,}",
-                            "move the op to the host: end the graph at raw logits and apply the softcap only where "
-                            "sampling needs it (argmax is softcap-invariant)"))
+                        findings.append(
+                            Check.finding(
+                                "sbuf-overflow-vocab-elementwise",
+                                "error",
+                                f"{name}: {kind} over [rows={rows}, vocab]",
+                                f"{need:,} B per SBUF partition (ceil({rows}/128) x {real.vocab_size:,} x {dtype_bytes} B) "
+                                f"against {SBUF_BYTES_PER_PARTITION:,}",
+                                "move the op to the host: end the graph at raw logits and apply the softcap only where "
+                                "sampling needs it (argmax is softcap-invariant)",
+                            )
+                        )
     return findings
 
 
-def _graph_findings(tiny_config, real: Layout, softcap_in_graph: bool,
-                    dtype_bytes: int) -> tuple[list[str], list[Check]]:
+def _graph_findings(tiny_config, real: Layout, softcap_in_graph: bool, dtype_bytes: int) -> tuple[list[str], list[Check]]:
     """(names of the graphs traced, findings on them): the tiny variant's prefill and decode graphs."""
     model = build_model(tiny_config, seed=0)
     tiny = describe(model)
@@ -160,22 +177,40 @@ def lint_model(name: str, softcap_in_graph: bool = False, dtype_bytes: int = 2) 
         tiny_config = load_config(name, tiny=True)
     except AdapterError as exc:
         traced: list[str] = []
-        findings = [Check.finding("graphs-not-traced", "warning", f"{real.model_type}: no tiny variant", str(exc),
-                            "give the adapter a tiny variant (tiny_heads, or tiny_config_dict) to lint its graphs")]
+        findings = [
+            Check.finding(
+                "graphs-not-traced",
+                "warning",
+                f"{real.model_type}: no tiny variant",
+                str(exc),
+                "give the adapter a tiny variant (tiny_heads, or tiny_config_dict) to lint its graphs",
+            )
+        ]
     else:
         traced, findings = _graph_findings(tiny_config, real, softcap_in_graph, dtype_bytes)
     windows = sorted({s.window for s in real.layers if s.window})
     for w in windows:
         tiled = w * 4
-        findings.append(Check.finding(
-            "attention-working-set", "info", f"sliding window {w}",
-            f"tiled (eager) attention keeps one fp32 score row per partition: {tiled:,} B of {SBUF_BYTES_PER_PARTITION:,}",
-            "the graphs use the library's eager attention (no fused custom-call)"))
+        findings.append(
+            Check.finding(
+                "attention-working-set",
+                "info",
+                f"sliding window {w}",
+                f"tiled (eager) attention keeps one fp32 score row per partition: {tiled:,} B of {SBUF_BYTES_PER_PARTITION:,}",
+                "the graphs use the library's eager attention (no fused custom-call)",
+            )
+        )
         if w >= FUSED_ATTENTION_WINDOW_LIMIT:
-            findings.append(Check.finding(
-                "fused-attention-window", "warning", f"sliding window {w}",
-                f"the fused attention custom-call overflowed SBUF at window {FUSED_ATTENTION_WINDOW_LIMIT} in the field report",
-                "keep attention eager/tiled (neuron_port.model.loading.force_eager on the config)"))
+            findings.append(
+                Check.finding(
+                    "fused-attention-window",
+                    "warning",
+                    f"sliding window {w}",
+                    f"the fused attention custom-call overflowed SBUF at window {FUSED_ATTENTION_WINDOW_LIMIT} "
+                    "in the field report",
+                    "keep attention eager/tiled (neuron_port.model.loading.force_eager on the config)",
+                )
+            )
     return {
         "model": name,
         "softcap_in_graph": softcap_in_graph,

@@ -15,9 +15,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -25,6 +25,7 @@ from torch import nn
 
 from neuron_port.artifacts.manifest import weights_fingerprint
 from neuron_port.errors import GoldenMismatchError
+
 
 def _state(model: nn.Module) -> dict[str, torch.Tensor]:
     from neuron_port.model.loading import checkpoint_state
@@ -68,7 +69,7 @@ class TokenComparison:
 
 
 def compare_tokens(got: Sequence[int], want: Sequence[int]) -> TokenComparison:
-    first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    first = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
     if first is None and len(got) != len(want):
         first = min(len(got), len(want))
     return TokenComparison(first is None, first, list(got), list(want))
@@ -141,7 +142,7 @@ class Golden:
         return out
 
     @classmethod
-    def load(cls, directory: str | Path) -> "Golden":
+    def load(cls, directory: str | Path) -> Golden:
         meta = json.loads((Path(directory) / "golden.json").read_text())
         logits = load_file(str(Path(directory) / "golden_logits.safetensors"))["logits"]
         return cls(logits=logits, **meta)
@@ -181,7 +182,8 @@ def check_golden_matches(golden: Golden, model: nn.Module) -> None:
     )
 
 
-def compare_with_golden(golden: Golden, model: nn.Module, port_tokens: Sequence[int], port_logits: torch.Tensor | None = None) -> dict:
+def compare_with_golden(golden: Golden, model: nn.Module, port_tokens: Sequence[int],
+                        port_logits: torch.Tensor | None = None) -> dict:
     """Token and logit comparison of a port's output against a golden of the same checkpoint."""
     check_golden_matches(golden, model)
     tokens = compare_tokens(port_tokens, golden.tokens)
@@ -189,7 +191,11 @@ def compare_with_golden(golden: Golden, model: nn.Module, port_tokens: Sequence[
     if port_logits is not None:
         steps = min(port_logits.shape[0], golden.logits.shape[0])
         out["logits"] = logit_metrics(port_logits[:steps], golden.logits[:steps])
-    if tokens.first_divergence is not None and tokens.first_divergence < golden.logits.shape[0] and tokens.first_divergence < len(port_tokens):
+    if (
+        tokens.first_divergence is not None
+        and tokens.first_divergence < golden.logits.shape[0]
+        and tokens.first_divergence < len(port_tokens)
+    ):
         i = tokens.first_divergence
         out["divergence"] = asdict(classify_divergence(i, port_tokens[i], golden.logits[i]))
     return out

@@ -17,12 +17,10 @@ import torch
 from torch import nn
 
 from neuron_port.artifacts.manifest import weights_fingerprint
-
-from neuron_port.errors import ArtifactError
+from neuron_port.errors import ArtifactError, ConfigError
+from neuron_port.families import family_for
 from neuron_port.model.configs import load_config_dict
 from neuron_port.model.loading import cast_state, checkpoint_state, parse_dtype
-from neuron_port.errors import ConfigError
-from neuron_port.families import family_for
 
 
 def _refuse_missing(missing: list[str], directory: Path, cls: type) -> None:

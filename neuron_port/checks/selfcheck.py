@@ -16,18 +16,19 @@ Each returns a :class:`Check` that passes or fails with the fix; ``neuron-port p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from neuron_port.checks.check import Check
 from neuron_port.checks.oracle import teacher_forced_logits
-from neuron_port.graph import attention
-from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.families import family_of
 from neuron_port.generation.logits import softcap as apply_softcap
+from neuron_port.graph import attention
+from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.graph.shapes import PortShape
 
 if TYPE_CHECKING:
@@ -105,9 +106,9 @@ class _RankAttention:
     failure: str | None
 
 
-def _probe_rank(model: nn.Module, setup: "RankSetup", shape: PortShape, r: int) -> tuple[_RankAttention, int]:
-    from neuron_port.parallel.launch import identity_reduce
+def _probe_rank(model: nn.Module, setup: RankSetup, shape: PortShape, r: int) -> tuple[_RankAttention, int]:
     from neuron_port.graph.port import Port
+    from neuron_port.parallel.launch import identity_reduce
     from neuron_port.parallel.ranks import make_rank
 
     family = setup.layout.family
@@ -137,7 +138,7 @@ def _probe_rank(model: nn.Module, setup: "RankSetup", shape: PortShape, r: int) 
 
 
 @torch.no_grad()
-def check_attention(model: nn.Module, setup: "RankSetup", shape: PortShape) -> Check:
+def check_attention(model: nn.Module, setup: RankSetup, shape: PortShape) -> Check:
     """Build every rank's graphs over its shard (in this process, all-reduce left out: only which
     function runs matters) and run the smallest prefill once, eagerly, recording which attention
     modules called the library's attention function."""
@@ -170,9 +171,9 @@ def check_logits(port_logits: Sequence[torch.Tensor], reference_logits: Sequence
     steps = min(len(port_logits), len(reference_logits))
     if steps == 0:
         return Check("logits", "skip", "no steps to compare"), {}
-    raw = torch.stack([torch.as_tensor(l).reshape(-1) for l in port_logits[:steps]]).double()
+    raw = torch.stack([torch.as_tensor(step).reshape(-1) for step in port_logits[:steps]]).double()
     ours = apply_softcap(raw, cap)
-    theirs = torch.stack([torch.as_tensor(l).reshape(-1) for l in reference_logits[:steps]]).double()
+    theirs = torch.stack([torch.as_tensor(step).reshape(-1) for step in reference_logits[:steps]]).double()
     per_step = (ours - theirs).abs().amax(dim=-1) / theirs.abs().amax(dim=-1).clamp_min(1e-12)
     broken = ~torch.isfinite(raw).all(dim=-1)  # before the cap, which would turn an infinity into the cap
     per_step = torch.where(broken, torch.full_like(per_step, float("inf")), per_step)
@@ -250,7 +251,7 @@ def check_loader(model: nn.Module, reference: nn.Module) -> Check:
     return Check("loader", "pass", f"all {count} parameters and buffers equal transformers' from_pretrained")
 
 
-def model_self_checks(model: nn.Module, setup: "RankSetup", shape: PortShape, prompt: Sequence[int],
+def model_self_checks(model: nn.Module, setup: RankSetup, shape: PortShape, prompt: Sequence[int],
                       tokens: Sequence[int], step_logits: Sequence[torch.Tensor],
                       tolerance: float = LOGIT_TOLERANCE, reference: nn.Module | None = None,
                       with_loader: bool = True) -> tuple[list[Check], dict]:
@@ -267,5 +268,19 @@ def model_self_checks(model: nn.Module, setup: "RankSetup", shape: PortShape, pr
     return checks, report
 
 
-__all__ = ["LOGIT_TOLERANCE", "REDUCED_PRECISION_LOGIT_TOLERANCE", "logit_tolerance_for", "probe_ids", "check_embeddings", "check_attention", "check_logits",
-           "check_step_logits", "check_loader", "model_self_checks", "tokens_must_match", "checked_run_passed", "as_json", "result_fields"]
+__all__ = [
+    "LOGIT_TOLERANCE",
+    "REDUCED_PRECISION_LOGIT_TOLERANCE",
+    "logit_tolerance_for",
+    "probe_ids",
+    "check_embeddings",
+    "check_attention",
+    "check_logits",
+    "check_step_logits",
+    "check_loader",
+    "model_self_checks",
+    "tokens_must_match",
+    "checked_run_passed",
+    "as_json",
+    "result_fields",
+]

@@ -14,21 +14,21 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from torch import nn
 
 from neuron_port.artifacts.manifest import verify
-
-from neuron_port.errors import ArtifactError
+from neuron_port.checks.oracle import first_divergence, reference_generate
 from neuron_port.checks.reference import reference_model
-from neuron_port.model.configs import load_config
+from neuron_port.errors import ArtifactError
 from neuron_port.families import family_for
 from neuron_port.generation.generate import generate
-from neuron_port.generation.request import GenerationRequest, GenerationResult
-from neuron_port.checks.oracle import first_divergence, reference_generate
 from neuron_port.generation.prompts import random_prompt
+from neuron_port.generation.request import GenerationRequest, GenerationResult
+from neuron_port.model.configs import load_config
 
 
 def artifact_prompt(directory: str | Path, prompt_len: int, seed: int = 0) -> list[int]:
@@ -71,10 +71,15 @@ def artifact_self_checks(directory: str | Path, manifest: dict[str, Any], refere
     """The self-checks an artifact allows, against the checkpoint it was built from: its host
     embedding files, and every step's logits (``out["step_logits"]``, removed from ``out``) after
     the softcap. Adds ``self_checks``, ``logit_check`` and ``self_checks_passed`` to ``out``."""
-    from neuron_port.graph.embedding import load_host_embeddings
     from neuron_port.checks.check import Check
-    from neuron_port.checks.selfcheck import (check_embeddings, check_step_logits, logit_tolerance_for, result_fields,
-                                       tokens_must_match)
+    from neuron_port.checks.selfcheck import (
+        check_embeddings,
+        check_step_logits,
+        logit_tolerance_for,
+        result_fields,
+        tokens_must_match,
+    )
+    from neuron_port.graph.embedding import load_host_embeddings
 
     step_logits = out.pop("step_logits", [])
     dtype = manifest.get("dtype", "torch.float32")

@@ -61,14 +61,14 @@ def findings_of(report: dict[str, Any]) -> list[Check]:
 
 def lint_xla(name: str, tp: int = 1) -> dict[str, Any]:
     """Port the tiny variant of ``name`` through the XLA backend at ``tp`` and report its lowering."""
-    from neuron_port.model.configs import load_config
     from neuron_port.generation.generate import generate
+    from neuron_port.generation.prompts import random_prompt
     from neuron_port.generation.request import GenerationRequest
+    from neuron_port.graph.shapes import PortShape
+    from neuron_port.model.configs import load_config
     from neuron_port.model.layout import describe
     from neuron_port.model.loading import build_model
-    from neuron_port.generation.prompts import random_prompt
     from neuron_port.parallel.ranks import RankSetup
-    from neuron_port.graph.shapes import PortShape
 
     model = build_model(load_config(name, tiny=True), seed=0)
     layout = describe(model)
@@ -90,14 +90,18 @@ def lowering_result(what: str, tp: int, report: dict[str, Any]) -> dict[str, Any
 def format_lowering(result: dict[str, Any]) -> str:
     """A table of the graphs' lowering, then the findings."""
     x = result["xla"]
-    lines = [f"{result['model']}, tp {result['tp']} on {x['devices']} XLA device(s): {x['graphs']} graphs, "
-             f"{x['uncached_compiles']} uncached / {x['cached_compiles']} cached compiles, fallbacks {x['fallback_ops'] or 'none'}",
-             f"{'graph':<18}{'HLO instr':>10}{'all-reduce':>11}{'aliased/KV':>12}{'compile s':>10}"]
+    lines = [
+        f"{result['model']}, tp {result['tp']} on {x['devices']} XLA device(s): {x['graphs']} graphs, "
+        f"{x['uncached_compiles']} uncached / {x['cached_compiles']} cached compiles, fallbacks {x['fallback_ops'] or 'none'}",
+        f"{'graph':<18}{'HLO instr':>10}{'all-reduce':>11}{'aliased/KV':>12}{'compile s':>10}",
+    ]
     for graph, count in x["hlo_instructions"].items():
         kv = x["kv_tensors"].get(graph)
         aliased = f"{x['aliased_buffers'].get(graph, 0)}/{kv}" if kv is not None else "-"
-        lines.append(f"{graph:<18}{count:>10}{x['hlo_opcodes'][graph].get('all-reduce', 0):>11}{aliased:>12}"
-                     f"{x['compile_s'].get(graph, 0):>10}")
+        lines.append(
+            f"{graph:<18}{count:>10}{x['hlo_opcodes'][graph].get('all-reduce', 0):>11}{aliased:>12}"
+            f"{x['compile_s'].get(graph, 0):>10}"
+        )
     for f in result["findings"]:
         lines.append(f"[{f['severity']}] {f['rule']} at {f['where']}: {f['detail']}\n    fix: {f['fix']}")
     lines.append(f"{result['errors']} error(s)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from neuron_port import __version__
 from neuron_port.cli.commands import MODULES

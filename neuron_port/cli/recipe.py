@@ -18,19 +18,26 @@ def recipe_parser(description: str, tp: int | None = None) -> argparse.ArgumentP
     ``--tp`` and uses the degree the plan was made at)."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model-dir", help="a local model directory with real weights (default: tiny random weights)")
-    ap.add_argument("--backend", default="cpu", choices=["cpu", "neuron", "nxd", "xla"],
-                    help="cpu, neuron (one NeuronCore) or nxd (any tp), both through neuronx-distributed's ModelBuilder: a verified "
-                         "artifact, checked in a fresh process; xla: the graphs lowered through torch-xla "
-                         "(PJRT_DEVICE=CPU) and checked in this process")
+    ap.add_argument(
+        "--backend",
+        default="cpu",
+        choices=["cpu", "neuron", "nxd", "xla"],
+        help="cpu, neuron (one NeuronCore) or nxd (any tp), both through neuronx-distributed's ModelBuilder: a verified "
+        "artifact, checked in a fresh process; xla: the graphs lowered through torch-xla "
+        "(PJRT_DEVICE=CPU) and checked in this process",
+    )
     ap.add_argument("--tp", type=int, default=tp, help="tensor-parallel degree (default: the planner's recommendation)")
     ap.add_argument("--target", default="inf2.xlarge", help="planner target (inf2.xlarge, inf2.8xlarge, custom:...)")
     ap.add_argument("--out", help="directory for the artifact (default: a temporary one)")
     ap.add_argument("--prompt-len", type=int, default=24)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--serve", action="store_true", help="serve the artifact over HTTP afterwards")
-    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
-                    help="dtype of the graphs, weights and KV store (Inferentia2 runs bf16; the check's logit bound "
-                         "follows the dtype)")
+    ap.add_argument(
+        "--dtype",
+        default="fp32",
+        choices=["fp32", "bf16"],
+        help="dtype of the graphs, weights and KV store (Inferentia2 runs bf16; the check's logit bound follows the dtype)",
+    )
     return ap
 
 
@@ -87,11 +94,11 @@ def validate_then_serve(artifact: str | Path, args: argparse.Namespace) -> int:
 def check_on_xla(model: Any, setup: Any, shape: Any, args: argparse.Namespace) -> int:
     """The recipe's last steps on the XLA path: lower and run every graph through torch-xla (SPMD at
     tp > 1), compare with Hugging Face, print the lowering and ``SEQ_MATCH``; the exit code."""
-    from neuron_port.generation.generate import generate
-    from neuron_port.generation.request import GenerationRequest
-    from neuron_port.generation.prompts import random_prompt
     from neuron_port.checks.validation import compare_with_reference
     from neuron_port.checks.xla_lint import format_lowering, lowering_result
+    from neuron_port.generation.generate import generate
+    from neuron_port.generation.prompts import random_prompt
+    from neuron_port.generation.request import GenerationRequest
 
     family = setup.layout.family
     prompt = random_prompt(setup.layout.vocab_size, args.prompt_len, bos=family.special_ids(family.text_config_of(model)).bos)
@@ -110,4 +117,12 @@ def serve_artifact(artifact: str | Path, host: str = "127.0.0.1", port: int = 80
     serve(build_app(lambda: load_served(str(artifact))), host=host, port=port)
 
 
-__all__ = ["recipe_parser", "check_on_xla", "load_checked", "artifact_dir", "validate_and_report", "validate_then_serve", "serve_artifact"]
+__all__ = [
+    "recipe_parser",
+    "check_on_xla",
+    "load_checked",
+    "artifact_dir",
+    "validate_and_report",
+    "validate_then_serve",
+    "serve_artifact",
+]

@@ -20,11 +20,11 @@ from typing import Any
 
 from neuron_port.errors import UnsupportedArchitectureError
 from neuron_port.families.decoder import DecoderFamily
-from neuron_port.families.parts import ATTENTION_ROLES, MLP_ROLES, RoleView, SpecialIds
 from neuron_port.families.gemma3 import GEMMA3, Gemma3Family
 from neuron_port.families.gemma4 import GEMMA4, Gemma4Family
 from neuron_port.families.llama import LLAMA, LlamaFamily
 from neuron_port.families.mistral import MISTRAL, MistralFamily
+from neuron_port.families.parts import ATTENTION_ROLES, MLP_ROLES, RoleView, SpecialIds
 from neuron_port.families.phi3 import PHI3, Phi3Family
 from neuron_port.families.plugins import AdapterSource, class_path, discover, shipped_source
 from neuron_port.families.qwen2 import QWEN2, Qwen2Family

@@ -21,9 +21,17 @@ import torch
 from torch import nn
 
 from neuron_port.errors import AdapterError, UnsupportedArchitectureError
-from neuron_port.families.parts import (MLP_ROLES, TINY_HEAD_DIM, TINY_HIDDEN, TINY_INITIALIZER_RANGE,
-                                        TINY_INTERMEDIATE, TINY_SPECIAL_IDS, TINY_VOCAB, RoleView,
-                                        SpecialIds)
+from neuron_port.families.parts import (
+    MLP_ROLES,
+    TINY_HEAD_DIM,
+    TINY_HIDDEN,
+    TINY_INITIALIZER_RANGE,
+    TINY_INTERMEDIATE,
+    TINY_SPECIAL_IDS,
+    TINY_VOCAB,
+    RoleView,
+    SpecialIds,
+)
 
 
 class DecoderFamily:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from neuron_port.families.decoder import DecoderFamily
-from neuron_port.families.parts import TINY_HEAD_DIM
 from neuron_port.families.gemma4 import GEMMA_CHAT_STOP_TOKENS, gemma_chat_prompt
+from neuron_port.families.parts import TINY_HEAD_DIM
 
 
 class Gemma3Family(DecoderFamily):

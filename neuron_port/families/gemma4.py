@@ -17,8 +17,14 @@ from torch import nn
 
 from neuron_port.errors import ConfigError
 from neuron_port.families.decoder import DecoderFamily
-from neuron_port.families.parts import (TINY_HEAD_DIM, TINY_HIDDEN, TINY_INITIALIZER_RANGE, TINY_INTERMEDIATE,
-                                        TINY_PER_LAYER_INPUT, TINY_VOCAB)
+from neuron_port.families.parts import (
+    TINY_HEAD_DIM,
+    TINY_HIDDEN,
+    TINY_INITIALIZER_RANGE,
+    TINY_INTERMEDIATE,
+    TINY_PER_LAYER_INPUT,
+    TINY_VOCAB,
+)
 
 TEXT_TYPES = ("gemma4_text", "gemma4_unified_text")
 WRAPPER_TYPES = {"gemma4": "gemma4_text", "gemma4_unified": "gemma4_unified_text"}

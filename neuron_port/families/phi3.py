@@ -22,8 +22,8 @@ from torch import nn
 
 from neuron_port.errors import AdapterError
 from neuron_port.families.decoder import DecoderFamily
-from neuron_port.families.parts import RoleView
 from neuron_port.families.mistral import MistralFamily
+from neuron_port.families.parts import RoleView
 
 
 def _fused(modules: list[nn.Module]) -> nn.Linear:

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from importlib import metadata
-from typing import Any, Iterator
+from typing import Any
 
 from neuron_port.families.decoder import DecoderFamily
 

@@ -21,9 +21,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from neuron_port.errors import TemplateError
 from neuron_port.families import DecoderFamily
 from neuron_port.generation.prompts import bos_prefix
-from neuron_port.errors import TemplateError
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
@@ -184,8 +184,8 @@ def chat_format(family: DecoderFamily, tokenizer: Any, directory: str | Path | N
 
 def chat_format_of(model_dir: str | Path) -> tuple[ChatFormat, Any]:
     """The chat format of a model or artifact directory and its tokenizer (None without tokenizer.json)."""
-    from neuron_port.model.configs import load_config
     from neuron_port.families import family_for
+    from neuron_port.model.configs import load_config
     from neuron_port.model.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
@@ -211,4 +211,17 @@ def generation_stop_ids(model_dir: str | Path | None, eos: tuple[int, ...], chat
     return stop_token_ids(model_dir, eos, chat) if stop else []
 
 
-__all__ = ["CHAT_TEMPLATE_FILE", "chat_format_of", "stop_token_ids", "generation_stop_ids", "special_tokens", "tokenizer_config", "generation_config", "generation_eos_ids", "chat_template", "render_template", "ChatFormat", "chat_format"]
+__all__ = [
+    "CHAT_TEMPLATE_FILE",
+    "chat_format_of",
+    "stop_token_ids",
+    "generation_stop_ids",
+    "special_tokens",
+    "tokenizer_config",
+    "generation_config",
+    "generation_eos_ids",
+    "chat_template",
+    "render_template",
+    "ChatFormat",
+    "chat_format",
+]

@@ -10,8 +10,9 @@ user (:meth:`GenerationResult.to_json`, what ``neuron-port generate --json`` pri
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -50,13 +51,19 @@ class GenerationRequest:
     params: tuple[GenerationParams, ...]
     keep_logits: bool
 
-    def __init__(self, prompts: Sequence[Sequence[int]], params: GenerationParams | Sequence[GenerationParams] = GenerationParams(),
-                 keep_logits: bool = False):
+    def __init__(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: GenerationParams | Sequence[GenerationParams] = GenerationParams(),
+        keep_logits: bool = False,
+    ):
         rows = tuple(tuple(int(t) for t in p) for p in prompts)
         per_row = tuple(params) if isinstance(params, (list, tuple)) else (params,) * len(rows)
         if not rows or min(len(p) for p in rows) < 1:
-            raise ValueError(f"a request needs at least one prompt and every prompt at least one token, "
-                             f"found prompt lengths {[len(p) for p in rows]}")
+            raise ValueError(
+                f"a request needs at least one prompt and every prompt at least one token, "
+                f"found prompt lengths {[len(p) for p in rows]}"
+            )
         if len(per_row) != len(rows):
             raise ValueError(f"{len(rows)} prompts but {len(per_row)} parameter sets: give one for all or one per prompt")
         object.__setattr__(self, "prompts", rows)
@@ -64,17 +71,17 @@ class GenerationRequest:
         object.__setattr__(self, "keep_logits", bool(keep_logits))
 
     @classmethod
-    def greedy(cls, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int] = (),
-               keep_logits: bool = False) -> "GenerationRequest":
+    def greedy(
+        cls, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int] = (), keep_logits: bool = False
+    ) -> GenerationRequest:
         """Greedy decoding of every prompt for up to ``max_new_tokens``, stopping at ``stop_ids``."""
-        return cls(prompts, GenerationParams(int(max_new_tokens), stop_token_ids=tuple(int(t) for t in stop_ids)),
-                   keep_logits)
+        return cls(prompts, GenerationParams(int(max_new_tokens), stop_token_ids=tuple(int(t) for t in stop_ids)), keep_logits)
 
     @property
     def batch(self) -> int:
         return len(self.prompts)
 
-    def without_logits(self) -> "GenerationRequest":
+    def without_logits(self) -> GenerationRequest:
         return GenerationRequest(self.prompts, self.params, False)
 
 
@@ -107,7 +114,7 @@ class GenerationResult:
     lowering: dict[str, Any] | None = None  # how the graphs lowered, where the backend reports it (xla)
 
     @classmethod
-    def empty(cls, batch: int) -> "GenerationResult":
+    def empty(cls, batch: int) -> GenerationResult:
         return cls([[] for _ in range(batch)], ["" for _ in range(batch)], [None] * batch)
 
     @property
@@ -120,11 +127,19 @@ class GenerationResult:
 
     def to_json(self) -> dict[str, Any]:
         """Tokens, finish reasons, timings and KV bytes as ``generate --json`` reports them (no logits)."""
-        out = {"tokens": self.tokens, "finish_reasons": self.finish_reasons, "prefill_s": self.prefill_s,
-               "decode_s": self.decode_s, "decode_steps": self.decode_steps, "host_s": self.host_s,
-               "decode_tok_per_s": self.decode_tok_per_s, "kv_cache_bytes": self.kv_cache_bytes,
-               "per_rank_kv_cache_bytes": self.per_rank_kv_cache_bytes,
-               "kv_cache_bytes_per_layer": self.kv_cache_bytes_per_layer, "dtype_bytes": self.dtype_bytes}
+        out = {
+            "tokens": self.tokens,
+            "finish_reasons": self.finish_reasons,
+            "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s,
+            "decode_steps": self.decode_steps,
+            "host_s": self.host_s,
+            "decode_tok_per_s": self.decode_tok_per_s,
+            "kv_cache_bytes": self.kv_cache_bytes,
+            "per_rank_kv_cache_bytes": self.per_rank_kv_cache_bytes,
+            "kv_cache_bytes_per_layer": self.kv_cache_bytes_per_layer,
+            "dtype_bytes": self.dtype_bytes,
+        }
         if self.rank_disagreement:
             out["rank_disagreement"] = True
         return out
@@ -136,7 +151,7 @@ class GenerationResult:
         return out
 
     @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> "GenerationResult":
+    def from_wire(cls, data: dict[str, Any]) -> GenerationResult:
         """The result :meth:`to_wire` wrote (logits back as float32 tensors)."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)

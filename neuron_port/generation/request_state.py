@@ -9,8 +9,8 @@ distribution: the softcapped logits, before penalties and temperature, as vLLM r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
@@ -131,7 +131,7 @@ def logprobs_of(logits: torch.Tensor, token: int, top: int, cap: float | None) -
     from raw logits [vocab] (softcapped first)."""
     logp = torch.log_softmax(apply_softcap(logits.double(), cap), dim=-1)
     best = torch.topk(logp, top) if top else None
-    pairs = tuple((int(i), float(v)) for v, i in zip(best.values, best.indices)) if best is not None else ()
+    pairs = tuple((int(i), float(v)) for v, i in zip(best.values, best.indices, strict=True)) if best is not None else ()
     return float(logp[token]), pairs
 
 

@@ -2,9 +2,9 @@
 
 Semantics (Hugging Face's processor order): OpenAI's additive adjustments first (``logit_bias``,
 and presence / frequency penalties over the tokens generated so far, as vLLM applies them) on the
-softcapped logits, then the repetition penalty, then temperature, then top-k (every token tied with the k-th value kept), then top-p (the smallest
-set of most likely tokens whose probability reaches ``top_p``, plus every token tied with the
-last one kept), then a draw.
+softcapped logits, then the repetition penalty, then temperature, then top-k (every token tied
+with the k-th value kept), then top-p (the smallest set of most likely tokens whose probability
+reaches ``top_p``, plus every token tied with the last one kept), then a draw.
 
 :func:`filtered_distribution` computes this without a full sort over the vocabulary and with
 the softcap applied only where it is needed: with top-k, the candidates are the raw top
@@ -24,8 +24,8 @@ a seeded ``torch.Generator``, so equal distributions and equal seeds give equal 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -70,8 +70,9 @@ class SamplingParams:
         return bool(self.logit_bias) or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
-def adjust_logits(raw: torch.Tensor, params: SamplingParams, cap: float | None,
-                  generated: Sequence[int] = ()) -> tuple[torch.Tensor, float | None]:
+def adjust_logits(
+    raw: torch.Tensor, params: SamplingParams, cap: float | None, generated: Sequence[int] = ()
+) -> tuple[torch.Tensor, float | None]:
     """The additive adjustments on the softcapped logits: (values [vocab] float64, the cap still
     to apply). Without any, ``raw`` and ``cap`` come back untouched (the fast paths stay fast)."""
     if not params.additive:
@@ -105,7 +106,10 @@ def _top_p_keep(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def reference_distribution(
-    raw: torch.Tensor, params: SamplingParams, cap: float | None, previous: Sequence[int] = (),
+    raw: torch.Tensor,
+    params: SamplingParams,
+    cap: float | None,
+    previous: Sequence[int] = (),
     generated: Sequence[int] = (),
 ) -> torch.Tensor:
     """Straightforward dense version, written independently of the fast path.
@@ -117,7 +121,9 @@ def reference_distribution(
     return _reference_after_cap(x, params, previous, generated)
 
 
-def _reference_after_cap(x: torch.Tensor, params: SamplingParams, previous: Sequence[int], generated: Sequence[int]) -> torch.Tensor:
+def _reference_after_cap(
+    x: torch.Tensor, params: SamplingParams, previous: Sequence[int], generated: Sequence[int]
+) -> torch.Tensor:
     for token in generated:  # one token at a time: frequency per occurrence
         x[token] -= params.frequency_penalty
     for token in set(generated):

@@ -3,12 +3,12 @@
 The decode graph runs on ``slots`` rows over one KV store at the port's largest KV length; each
 row is a slot with its own KV rows, position, sampler and stop state. At a step boundary,
 :meth:`SlotBatch.admit` puts waiting requests into free slots: one prefill call fills a fresh
-store with the new prompts, whose rows are copied into the running store at their slots (grown
-to its KV length first when the prefill wrote a shorter one). Compiled graphs take only their
-own batch, so there the prefill runs over ``slots`` rows with the new prompts in their slots'
-rows and every other row empty (it writes nothing there); eager graphs prefill just the new rows. The other slots only wait for that
-prefill; their KV rows are untouched. :meth:`SlotBatch.step` decodes every slot once; a finished
-request frees its slot at once, and empty slots decode as padding.
+store with the new prompts, whose rows are copied into the running store at their slots (grown to
+its KV length first when the prefill wrote a shorter one). Compiled graphs take only their own
+batch, so there the prefill runs over ``slots`` rows with the new prompts in their slots' rows and
+every other row empty (it writes nothing there); eager graphs prefill just the new rows. The other
+slots only wait for that prefill; their KV rows are untouched. :meth:`SlotBatch.step` decodes
+every slot once; a finished request frees its slot at once, and empty slots decode as padding.
 
 A row's computation never reads another row's values and the decode graph's shapes never change,
 so a request's tokens do not depend on which other requests share the batch or when they arrived (the property
@@ -19,13 +19,14 @@ only that request; the others go on.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from neuron_port.graph.kv import KVStore
 from neuron_port.generation.request import GenerationParams
 from neuron_port.generation.request_state import RowState, TokenEvent, advance, new_row
+from neuron_port.graph.kv import KVStore
 from neuron_port.graph.shapes import select_bucket
 from neuron_port.graph.step import run_step
 
@@ -63,18 +64,28 @@ class SlotBatch:
 
     def _event(self, slot: int, step, host_ms: float, graph_ms: float) -> TokenEvent:
         row = self.rows[slot]
-        return TokenEvent(slot, len(row.tokens) - 1, step.token, step.text, host_ms, graph_ms,
-                          step.finish_reason, step.logprob, step.top_logprobs)
+        return TokenEvent(
+            slot,
+            len(row.tokens) - 1,
+            step.token,
+            step.text,
+            host_ms,
+            graph_ms,
+            step.finish_reason,
+            step.logprob,
+            step.top_logprobs,
+        )
 
     def _advance(self, slots: Sequence[int], logits: Sequence[torch.Tensor], host_ms: float, graph_ms: float) -> list[Outcome]:
         """Advance each given slot from its logits [vocab] (``logits[i]`` is ``slots[i]``'s); free
         the finished and the failed."""
         out: list[Outcome] = []
-        for slot, row_logits in zip(slots, logits):
+        for slot, row_logits in zip(slots, logits, strict=True):
             owner = self.owners[slot]
             try:
-                step = advance(self.rows[slot], row_logits, int(self.positions[slot]), self.kv_len, False,
-                               self.port.layout.softcap)
+                step = advance(
+                    self.rows[slot], row_logits, int(self.positions[slot]), self.kv_len, False, self.port.layout.softcap
+                )
             except Exception as exc:  # noqa: BLE001 - this request's own failure: it alone ends
                 self.release(slot)
                 out.append((owner, exc))
@@ -99,7 +110,7 @@ class SlotBatch:
             bucket = select_bucket(max(len(p) for p, _, _ in entries), self.port.buckets)
             ids = torch.full((self.port.batch or len(entries), bucket), self.pad_id, dtype=torch.long)
             lengths = torch.zeros(ids.shape[0], dtype=torch.long)
-            for slot, row, (prompt, params, owner) in zip(slots, rows, entries):
+            for slot, row, (prompt, params, owner) in zip(slots, rows, entries, strict=True):
                 ids[row, : len(prompt)] = torch.as_tensor(list(prompt), dtype=torch.long)
                 lengths[row] = len(prompt)
                 self.rows[slot], self.owners[slot] = new_row(prompt, params, self.tokenizer), owner
@@ -121,7 +132,7 @@ class SlotBatch:
         if self.store is None:
             self.store = self.port.inputs.new_store(self.slots, self.kv_len)
         src_index, dst_index = torch.tensor(rows, dtype=torch.long), torch.tensor(slots, dtype=torch.long)
-        for dst, src in zip(self.store.tensors(), fresh.tensors()):
+        for dst, src in zip(self.store.tensors(), fresh.tensors(), strict=True):
             dst.index_copy_(0, dst_index.to(dst.device), src.index_select(0, src_index.to(src.device)))
 
     def step(self) -> list[Outcome]:

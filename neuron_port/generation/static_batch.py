@@ -22,7 +22,8 @@ there is one; otherwise that row stops with finish reason ``length``.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -66,7 +67,7 @@ def pick_tokens(rows: list[RowState], logits: torch.Tensor, positions: torch.Ten
     return next_tok, events
 
 
-def grow_if_full(port: "Port", store: "KVStore", positions: torch.Tensor, rows: list[RowState]) -> "KVStore":
+def grow_if_full(port: Port, store: KVStore, positions: torch.Tensor, rows: list[RowState]) -> KVStore:
     """Move the store to the next KV length when a live row's next position does not fit."""
     kv = store.spec.kv_len
     if max(int(positions[r]) for r, row in enumerate(rows) if not row.done) < kv:
@@ -74,14 +75,14 @@ def grow_if_full(port: "Port", store: "KVStore", positions: torch.Tensor, rows: 
     return store.grow(port.stores.specs[port.stores.next_kv(kv)], positions - 1)
 
 
-def _rows(port: "Port", request: GenerationRequest, tokenizer: Any) -> list[RowState]:
+def _rows(port: Port, request: GenerationRequest, tokenizer: Any) -> list[RowState]:
     port.check_batch(request.batch)
     if any(p.stop_strings for p in request.params) and tokenizer is None:
         raise ValueError("stop strings need a tokenizer: pass one with the request's source")
-    return [new_row(prompt, p, tokenizer) for prompt, p in zip(request.prompts, request.params)]
+    return [new_row(prompt, p, tokenizer) for prompt, p in zip(request.prompts, request.params, strict=True)]
 
 
-def stream_static(port: "Port", request: GenerationRequest, tokenizer: Any = None, pad_id: int = 0,
+def stream_static(port: Port, request: GenerationRequest, tokenizer: Any = None, pad_id: int = 0,
                   result: GenerationResult | None = None, cancelled: Callable[[int], bool] | None = None
                   ) -> Iterator[TokenEvent]:
     """Yield every row's tokens step by step; ``result`` (when given) is filled as they come.
@@ -100,7 +101,7 @@ def stream_static(port: "Port", request: GenerationRequest, tokenizer: Any = Non
     return mode()(_steps)(port, request, tokenizer, pad_id, result, cancelled)
 
 
-def run_static(port: "Port", request: GenerationRequest, tokenizer: Any = None, pad_id: int = 0) -> GenerationResult:
+def run_static(port: Port, request: GenerationRequest, tokenizer: Any = None, pad_id: int = 0) -> GenerationResult:
     """Decode the request to the end on one port (see :func:`stream_static`)."""
     result = GenerationResult.empty(request.batch)
     for _ in stream_static(port, request, tokenizer, pad_id, result):
@@ -108,7 +109,7 @@ def run_static(port: "Port", request: GenerationRequest, tokenizer: Any = None, 
     return result
 
 
-def _steps(port: "Port", request: GenerationRequest, tokenizer: Any, pad_id: int, result: GenerationResult,
+def _steps(port: Port, request: GenerationRequest, tokenizer: Any, pad_id: int, result: GenerationResult,
            cancelled: Callable[[int], bool] | None) -> Iterator[TokenEvent]:
     rows = _rows(port, request, tokenizer)
     result.tokens[:] = [row.tokens for row in rows]
@@ -150,7 +151,7 @@ def _steps(port: "Port", request: GenerationRequest, tokenizer: Any, pad_id: int
     result.kv_len = store.spec.kv_len
 
 
-def _timed_step(runner, inputs, store) -> tuple[torch.Tensor, "KVStore", float]:
+def _timed_step(runner, inputs, store) -> tuple[torch.Tensor, KVStore, float]:
     g0 = time.perf_counter()
     logits, store = run_step(runner, inputs, store)
     return logits, store, time.perf_counter() - g0

@@ -15,8 +15,8 @@ attribute of a particular family, so every family's attention modules can call i
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from torch import nn

@@ -39,14 +39,14 @@ class HostEmbeddings:
         self.ple_scale = _scale(ple_scale, ple.dtype) if ple is not None else None
 
     @classmethod
-    def for_config(cls, config, word: torch.Tensor, ple: torch.Tensor | None) -> "HostEmbeddings":
+    def for_config(cls, config, word: torch.Tensor, ple: torch.Tensor | None) -> HostEmbeddings:
         """Tables plus the scales and sizes the config's family prescribes."""
         family = family_for(config.model_type)
         word_scale, ple_scale = family.embedding_scales(config)
         return cls(word, ple, family.num_layers(config), family.per_layer_input_size(config), word_scale, ple_scale)
 
     @classmethod
-    def from_model(cls, model: torch.nn.Module) -> "HostEmbeddings":
+    def from_model(cls, model: torch.nn.Module) -> HostEmbeddings:
         family = family_of(model)
         ple = family.per_layer_embedding(model)
         return cls.for_config(family.text_config_of(model), family.word_embedding(model).weight.detach(),

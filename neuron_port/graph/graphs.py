@@ -19,17 +19,18 @@ decode graph per KV length.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import torch
 from torch import nn
 
-from neuron_port.graph import attention
 from neuron_port.families import family_of
+from neuron_port.graph import attention
 from neuron_port.graph.kv import KVStoreSpec, onehot_write, scatter_write_
 from neuron_port.graph.shapes import StoreShapes
 from neuron_port.graph.step import kv_aliases
+
 
 class OneHotCache:
     """Hugging Face cache protocol over the static store (built fresh inside each forward).

@@ -14,10 +14,10 @@ import torch
 from neuron_port.graph import masks
 from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.graph.kv import KVStore
-from neuron_port.model.layout import Layout
 from neuron_port.graph.scratch import DecodeScratch
 from neuron_port.graph.shapes import StoreShapes
 from neuron_port.graph.step import StepInputs
+from neuron_port.model.layout import Layout
 
 
 class HostInputs:

@@ -11,8 +11,8 @@ Buffers are ``[batch, n_kv, slots, head_dim]``; one K and one V buffer per owner
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -77,11 +77,11 @@ class KVStore:
     values: tuple[torch.Tensor, ...]
 
     @classmethod
-    def zeros(cls, spec: KVStoreSpec, batch: int, dtype: torch.dtype = torch.float32) -> "KVStore":
+    def zeros(cls, spec: KVStoreSpec, batch: int, dtype: torch.dtype = torch.float32) -> KVStore:
         return cls.from_tensors(spec, spec.allocate(batch, dtype))
 
     @classmethod
-    def from_tensors(cls, spec: KVStoreSpec, tensors: Sequence[torch.Tensor]) -> "KVStore":
+    def from_tensors(cls, spec: KVStoreSpec, tensors: Sequence[torch.Tensor]) -> KVStore:
         """A store from its flat form (every K, then every V)."""
         n = len(spec.slots)
         if len(tensors) != 2 * n:
@@ -96,11 +96,11 @@ class KVStore:
         """Iterates the flat form (so ``graph(*inputs, *store)`` reads as the call it is)."""
         return iter(self.tensors())
 
-    def grow(self, new: KVStoreSpec, last_position: torch.Tensor) -> "KVStore":
+    def grow(self, new: KVStoreSpec, last_position: torch.Tensor) -> KVStore:
         """This store copied into the larger ``new`` spec (see :func:`grow`)."""
         return KVStore.from_tensors(new, grow(self.tensors(), self.spec, new, last_position))
 
-    def to(self, device: torch.device | str) -> "KVStore":
+    def to(self, device: torch.device | str) -> KVStore:
         return KVStore(self.spec, tuple(k.to(device) for k in self.keys), tuple(v.to(device) for v in self.values))
 
 

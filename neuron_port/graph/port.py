@@ -20,7 +20,8 @@ One constructor per source:
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -49,7 +50,7 @@ class Port:
 
     @classmethod
     def _build(cls, model: nn.Module, layout: Layout, shape: PortShape, kv_heads: dict[int, int] | None,
-               kv_expand: Mapping[int, torch.Tensor] | None) -> "Port":
+               kv_expand: Mapping[int, torch.Tensor] | None) -> Port:
         """Eager graphs over ``model`` itself (which they change: callers pass a model of the port's own)."""
         stores = shape.stores(layout, kv_heads)
         graphs = build_graphs(model, stores, kv_expand)
@@ -57,7 +58,7 @@ class Port:
 
     @classmethod
     def over_model(cls, model: nn.Module, shape: PortShape, layout: Layout | None = None,
-                   kv_heads: dict[int, int] | None = None, *, owned: bool = False) -> "Port":
+                   kv_heads: dict[int, int] | None = None, *, owned: bool = False) -> Port:
         """Graphs over a copy of ``model`` (``layout``: default ``describe(model)``; ``kv_heads``: a
         spread model's local KV-head count per layer). ``owned``: the caller hands over a model made
         for this port alone, and it is used without a copy."""
@@ -65,7 +66,7 @@ class Port:
         return cls._build(model, layout or describe(model), shape, kv_heads, None)
 
     @classmethod
-    def for_rank(cls, rank: "Rank", shape: PortShape) -> "Port":
+    def for_rank(cls, rank: Rank, shape: PortShape) -> Port:
         """Graphs over a rank's shard, with its local KV-head counts and KV-head gathers (the rank's
         model is its own: it is used as it is)."""
         if rank.model is None:
@@ -73,7 +74,7 @@ class Port:
         return cls._build(rank.model, rank.layout, shape, rank.local_kv_heads, rank.kv_expand)
 
     @classmethod
-    def from_runners(cls, layout: Layout, stores: StoreShapes, embeddings: HostEmbeddings, runners: Runners) -> "Port":
+    def from_runners(cls, layout: Layout, stores: StoreShapes, embeddings: HostEmbeddings, runners: Runners) -> Port:
         """A port over runners loaded from an artifact (no model, no Hugging Face forward)."""
         return cls(HostInputs(layout, stores, embeddings), runners)
 

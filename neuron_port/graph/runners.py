@@ -9,12 +9,12 @@ the same names and the same recorded facts (batch, in-place KV writes).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
-
 from tqdm import tqdm
 
 from neuron_port.graph.graphs import GraphSet

@@ -22,7 +22,9 @@ class DecodeScratch:
     # Ordinary tensors even when first made inside an inference-mode loop (the runtime's): they
     # outlive it and take in-place writes from code that runs outside it.
     @torch.inference_mode(False)
-    def __init__(self, batch: int, kv_len: int, ring: int | None, window: int | None, embeddings: HostEmbeddings, dtype: torch.dtype):
+    def __init__(
+        self, batch: int, kv_len: int, ring: int | None, window: int | None, embeddings: HostEmbeddings, dtype: torch.dtype
+    ):
         self.batch, self.kv_len, self.ring, self.window = batch, kv_len, ring, window
         self.embeddings = embeddings
         sliding = ring or kv_len
@@ -84,9 +86,21 @@ class DecodeScratch:
             torch.where(self._hit_sliding, self.zero, self.blocked, out=self.mask_sliding.view(b, self.ring))
             torch.eq(self._age, 0, out=self._hit_sliding)
             self.write_sliding.view(b, self.ring).copy_(self._hit_sliding)
-        per_layer = self.per_layer_flat.view(b, 1, e.num_layers, -1) if e.ple is not None else self.per_layer_flat.view(b, 1, e.num_layers, 0)
-        return StepInputs(self.words, per_layer, self.positions, self.mask_full, self.mask_sliding,
-                          self.write_full, self.write_sliding, self.last)
+        per_layer = (
+            self.per_layer_flat.view(b, 1, e.num_layers, -1)
+            if e.ple is not None
+            else self.per_layer_flat.view(b, 1, e.num_layers, 0)
+        )
+        return StepInputs(
+            self.words,
+            per_layer,
+            self.positions,
+            self.mask_full,
+            self.mask_sliding,
+            self.write_full,
+            self.write_sliding,
+            self.last,
+        )
 
 
 __all__ = ["DecodeScratch"]

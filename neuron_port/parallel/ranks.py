@@ -19,8 +19,9 @@ import copy
 import dataclasses
 import functools
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -46,7 +47,7 @@ class RankSetup:
     plan: ModelShardPlan
 
     @classmethod
-    def for_layout(cls, layout: Layout, tp: int) -> "RankSetup":
+    def for_layout(cls, layout: Layout, tp: int) -> RankSetup:
         """Plan the sharding of ``layout`` at ``tp`` (raises ShardingError naming the valid degrees)."""
         return cls(layout, plan_model(layout, tp))
 

@@ -13,6 +13,7 @@ supported family.
 from __future__ import annotations
 
 import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -73,7 +74,7 @@ def shard_model(
     tp = plan.tp
     shard = model if inplace else copy.deepcopy(model)
     family = layout.family
-    for spec, layer, lplan in zip(layout.layers, family.decoder_layers(shard), plan.layers):
+    for spec, layer, lplan in zip(layout.layers, family.decoder_layers(shard), plan.layers, strict=True):
         heads = lplan.plan.ranks[rank]
         proj, ff = family.layer_projections(layer, spec.index)
         attn = family.attention(layer)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from neuron_port.errors import BucketError, Rejected
 from neuron_port.generation.request import GenerationParams
 from neuron_port.generation.sampling import SamplingParams
+from neuron_port.graph.shapes import select_bucket
 from neuron_port.serve.loading import Served
 from neuron_port.serve.schemas import ChatRequest, CommonFields
-from neuron_port.graph.shapes import select_bucket
 
 DEFAULT_MAX_TOKENS = 16
 

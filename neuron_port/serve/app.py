@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
@@ -25,12 +26,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from neuron_port.serve.engine import Submission
-
-from neuron_port.errors import QueueFull
-from neuron_port.errors import NeuronPortError
+from neuron_port.errors import NeuronPortError, QueueFull, Rejected
 from neuron_port.serve.admission import admit
-from neuron_port.errors import Rejected
+from neuron_port.serve.engine import Submission
 from neuron_port.serve.http import BodyLimit, FrontDoor, documented_openapi, validation_message
 from neuron_port.serve.loading import Served
 from neuron_port.serve.metrics import UNMATCHED, Metrics, render_metrics, route_label

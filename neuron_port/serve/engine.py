@@ -23,8 +23,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from neuron_port.errors import NeuronPortError, QueueFull
 from neuron_port.generation.request import GenerationParams

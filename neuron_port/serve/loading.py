@@ -10,15 +10,16 @@ tp > 1 artifact's other ranks run in processes of their own, stepping with the e
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from neuron_port.serve.engine import ADMISSIONS, Engine
-from neuron_port.graph.port import Port
 from neuron_port.generation.chat import ChatFormat, chat_format, generation_eos_ids
+from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape
 from neuron_port.model.tokenizer import load_tokenizer
+from neuron_port.serve.engine import ADMISSIONS, Engine
 
 
 @dataclass

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch.distributed as dist
 import torch.multiprocessing as mp

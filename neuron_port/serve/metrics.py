@@ -91,14 +91,33 @@ def render_metrics(m: Metrics, queue_depth: int, running: int) -> str:
     for key, help_text in COUNTERS.items():
         name = f"neuron_port_{key}_total" if key != "cancelled" else "neuron_port_cancelled_requests_total"
         lines += _family(name, "counter", help_text, [f"{name} {counters[key]}"])
-    buckets = [f'neuron_port_request_latency_seconds_bucket{{le="{bound}"}} {n}' for bound, n in zip(LATENCY_BUCKETS, latency)]
-    lines += _family("neuron_port_request_latency_seconds", "histogram", "Time from request to last token.", [
-        *buckets, f'neuron_port_request_latency_seconds_bucket{{le="+Inf"}} {latency[-1]}',
-        f"neuron_port_request_latency_seconds_sum {total:.6f}", f"neuron_port_request_latency_seconds_count {count}"])
-    lines += _family("neuron_port_queue_depth", "gauge", "Requests waiting for a slot.", [f"neuron_port_queue_depth {queue_depth}"])
-    lines += _family("neuron_port_requests_running", "gauge", "Requests decoding now.", [f"neuron_port_requests_running {running}"])
-    lines += _family("neuron_port_host_rss_bytes", "gauge", "Resident memory of the server process.",
-                     [f"neuron_port_host_rss_bytes {host_rss_bytes()}"])
+    buckets = [
+        f'neuron_port_request_latency_seconds_bucket{{le="{bound}"}} {n}'
+        for bound, n in zip(LATENCY_BUCKETS, latency, strict=False)
+    ]
+    lines += _family(
+        "neuron_port_request_latency_seconds",
+        "histogram",
+        "Time from request to last token.",
+        [
+            *buckets,
+            f'neuron_port_request_latency_seconds_bucket{{le="+Inf"}} {latency[-1]}',
+            f"neuron_port_request_latency_seconds_sum {total:.6f}",
+            f"neuron_port_request_latency_seconds_count {count}",
+        ],
+    )
+    lines += _family(
+        "neuron_port_queue_depth", "gauge", "Requests waiting for a slot.", [f"neuron_port_queue_depth {queue_depth}"]
+    )
+    lines += _family(
+        "neuron_port_requests_running", "gauge", "Requests decoding now.", [f"neuron_port_requests_running {running}"]
+    )
+    lines += _family(
+        "neuron_port_host_rss_bytes",
+        "gauge",
+        "Resident memory of the server process.",
+        [f"neuron_port_host_rss_bytes {host_rss_bytes()}"],
+    )
     return "\n".join(lines) + "\n"
 
 

@@ -16,12 +16,13 @@ import asyncio
 import json
 import time
 import uuid
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from neuron_port.serve.engine import Submission
 from neuron_port.generation.request_state import CONTEXT_TOKENS, TokenEvent
+from neuron_port.serve.engine import Submission
 from neuron_port.serve.loading import Served
 from neuron_port.serve.metrics import Metrics
 
@@ -174,7 +175,8 @@ class Reply:
             yield "data: [DONE]\n\n"
         except Exception as exc:  # noqa: BLE001 - the stream has started: an error event, then [DONE]
             finished = True
-            yield f"event: error\ndata: {json.dumps(error_body(500, f'generation failed: {type(exc).__name__}: {exc}', 'server_error'))}\n\n"
+            body = error_body(500, f"generation failed: {type(exc).__name__}: {exc}", "server_error")
+            yield f"event: error\ndata: {json.dumps(body)}\n\n"
             yield "data: [DONE]\n\n"
         finally:
             if not finished:

@@ -8,9 +8,8 @@ OpenAI defines but this server does not implement — ``echo``, ``suffix``, ``be
 
 from __future__ import annotations
 
-from typing import Literal
-
 import re
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 

@@ -6,17 +6,23 @@ import argparse
 import sys
 from pathlib import Path
 
-from neuron_port.cli.commands.common import (add_dtype_option, add_prompt_options, emit_generation, int_list, print_json,
-                                         prompt_from_args)
+from neuron_port.cli.commands.common import (
+    add_dtype_option,
+    add_prompt_options,
+    emit_generation,
+    int_list,
+    print_json,
+    prompt_from_args,
+)
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
     from neuron_port.artifacts.writer import write_artifact
     from neuron_port.backends import check_backend_tp, require_backend
+    from neuron_port.graph.shapes import PortShape
     from neuron_port.model.layout import describe
     from neuron_port.model.loading import load_source, parse_dtype
     from neuron_port.parallel.ranks import RankSetup
-    from neuron_port.graph.shapes import PortShape
 
     check_backend_tp(args.backend, args.tp)
     require_backend(args.backend)  # before any model is built: one line naming the Neuron packages
@@ -55,16 +61,16 @@ def _device_bytes(out: Path, model, setup) -> dict:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from neuron_port.artifacts.manifest import verify
-    from neuron_port.errors import ArtifactError
     from neuron_port.checks.reference import reference_model
-    from neuron_port.generation.chat import generation_stop_ids
-    from neuron_port.model.tokenizer import decode_completion
-    from neuron_port.model.loading import parse_dtype
-    from neuron_port.model.configs import load_config
-    from neuron_port.families import family_for
     from neuron_port.checks.validation import artifact_run_report, artifact_self_checks, compare_with_reference
+    from neuron_port.errors import ArtifactError
+    from neuron_port.families import family_for
+    from neuron_port.generation.chat import generation_stop_ids
     from neuron_port.generation.generate import generate
     from neuron_port.generation.request import GenerationRequest
+    from neuron_port.model.configs import load_config
+    from neuron_port.model.loading import parse_dtype
+    from neuron_port.model.tokenizer import decode_completion
 
     manifest = verify(args.dir, args.allow_version_mismatch)
     if args.dtype is not None and parse_dtype(args.dtype) != parse_dtype(manifest.get("dtype", "float32")):

@@ -28,8 +28,8 @@ def prompt_from_args(args: argparse.Namespace, source: str, vocab: int, bos: int
     """``--chat MESSAGE`` through ``source``'s chat format, ``--prompt TEXT`` tokenised with its
     tokenizer.json (special tokens as the tokenizer adds them), or ``--prompt-len`` seeded random
     ids with ``bos`` first."""
-    from neuron_port.generation.prompts import random_prompt, text_prompt
     from neuron_port.errors import PromptError
+    from neuron_port.generation.prompts import random_prompt, text_prompt
 
     if getattr(args, "chat", None) is not None:
         from neuron_port.generation.chat import chat_format_of

@@ -97,16 +97,21 @@ def add(sub) -> None:
     p = sub.add_parser("plan", help="capacity plan: bytes per core, recommended TP, host RAM, roofline decode rate")
     p.add_argument("model")
     p.add_argument("--tiny", action="store_true")
-    p.add_argument("--target", default="inf2.xlarge", help="inf2.xlarge | inf2.8xlarge | custom:cores=2,hbm_gib=16,bw_gbs=820,host_gib=64")
+    p.add_argument(
+        "--target", default="inf2.xlarge", help="inf2.xlarge | inf2.8xlarge | custom:cores=2,hbm_gib=16,bw_gbs=820,host_gib=64"
+    )
     p.add_argument("--tp", type=int, default=None, help="plan at this degree (default: the recommended one)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--context", type=int, default=2048, help="KV length")
     p.add_argument("--buckets", type=int_list, default=[128])
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--embeddings-on-device", action="store_true")
-    p.add_argument("--separate-weights", action="store_true",
-                   help="plan for graphs that each carry their own weights (separately traced graphs) instead "
-                        "of one set shared by every graph (neuronx-distributed's ModelBuilder, the default)")
+    p.add_argument(
+        "--separate-weights",
+        action="store_true",
+        help="plan for graphs that each carry their own weights (separately traced graphs) instead "
+        "of one set shared by every graph (neuronx-distributed's ModelBuilder, the default)",
+    )
     p.add_argument("--shared-weights", action="store_true", help="the default (kept for older scripts)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--png", default=None, help="write a per-core memory chart (needs matplotlib)")
@@ -115,8 +120,12 @@ def add(sub) -> None:
     p = sub.add_parser("lint", help="Neuron-hostile ops and SBUF overflows in the exported graphs, before compiling")
     p.add_argument("model", help="a shipped name or a local config (the tiny variant's graphs are traced)")
     p.add_argument("--softcap-in-graph", action="store_true", help="lint the graph with the softcap left on the device")
-    p.add_argument("--xla", action="store_true", help="lower the tiny variant's graphs through torch-xla (PJRT_DEVICE=CPU) "
-                   "and report compiles, fallbacks, HLO op counts and KV aliasing")
+    p.add_argument(
+        "--xla",
+        action="store_true",
+        help="lower the tiny variant's graphs through torch-xla (PJRT_DEVICE=CPU) "
+        "and report compiles, fallbacks, HLO op counts and KV aliasing",
+    )
     p.add_argument("--tp", type=int, default=1, help="with --xla: SPMD over this many XLA CPU devices")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_lint)

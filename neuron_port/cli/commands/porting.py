@@ -10,17 +10,17 @@ from neuron_port.cli.commands.common import add_dtype_option, add_prompt_options
 
 
 def _cmd_port(args: argparse.Namespace) -> int:
+    from neuron_port.checks.reference import reference_for_source
     from neuron_port.generation.chat import generation_stop_ids
-    from neuron_port.generation.prompts import staggered_prompts
     from neuron_port.generation.generate import generate
+    from neuron_port.generation.prompts import staggered_prompts
     from neuron_port.generation.request import GenerationRequest
     from neuron_port.graph.kv import naive_kv_bytes
+    from neuron_port.graph.shapes import PortShape
     from neuron_port.model.layout import describe
     from neuron_port.model.loading import model_from_name, parse_dtype
-    from neuron_port.parallel.ranks import RankSetup
-    from neuron_port.checks.reference import reference_for_source
     from neuron_port.model.tokenizer import decode_completion
-    from neuron_port.graph.shapes import PortShape
+    from neuron_port.parallel.ranks import RankSetup
 
     if args.backend == "neuron":
         from neuron_port.backends import check_backend_tp, require_backend
@@ -68,7 +68,7 @@ def _cmd_port(args: argparse.Namespace) -> int:
     if result.lowering is not None:
         out["xla"] = result.lowering
     if args.batch > 1:
-        out["rows"] = [{"prompt_tokens": len(p), "tokens": t} for p, t in zip(prompts, result.tokens)]
+        out["rows"] = [{"prompt_tokens": len(p), "tokens": t} for p, t in zip(prompts, result.tokens, strict=True)]
     if is_dir and (args.prompt is not None or args.chat is not None):
         out["text"] = decode_completion(args.model, result.tokens[0], stop_ids)
     if args.check:
@@ -99,7 +99,7 @@ def _check_rows(out: dict[str, Any], model, prompts: list[list[int]], tokens: li
     from neuron_port.checks.validation import compare_with_reference
 
     matches = []
-    for row, (prompt, got) in enumerate(zip(prompts, tokens)):
+    for row, (prompt, got) in enumerate(zip(prompts, tokens, strict=True)):
         checked = compare_with_reference({"tokens": got}, model, prompt, max_new_tokens, stop_ids)
         matches.append(checked["seq_match"])
         if row == 0:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Dict, List
 
 import torch
 from safetensors.torch import save_file
@@ -29,7 +28,7 @@ class BaseModelInstance:
 
 
 @torch.jit.script
-def shape_key(inputs: List[torch.Tensor]) -> str:
+def shape_key(inputs: list[torch.Tensor]) -> str:
     key = ""
     for t in inputs:
         for d in t.size():
@@ -60,8 +59,8 @@ class _Functional(nn.Module):
             owner = getattr(owner, part)
         return owner, leaf
 
-    def forward(self, xs: List[torch.Tensor], ws: List[torch.Tensor], st: List[torch.Tensor]):
-        for names, tensor in zip(self.groups, [*ws, *st]):
+    def forward(self, xs: list[torch.Tensor], ws: list[torch.Tensor], st: list[torch.Tensor]):
+        for names, tensor in zip(self.groups, [*ws, *st], strict=True):
             for name in names:
                 owner, leaf = self._owner(name)
                 object.__setattr__(owner, leaf, tensor)
@@ -79,26 +78,26 @@ def _weight_groups(named: dict, skip: list[str]) -> list[list[str]]:
 
 
 class StandInNxDModel(nn.Module):
-    def __init__(self, models: Dict[str, nn.Module], routes: Dict[str, str], weight_names: List[str],
-                 weight_dtypes: List[torch.Tensor], state_template: List[torch.Tensor], private_state: bool):
+    def __init__(self, models: dict[str, nn.Module], routes: dict[str, str], weight_names: list[str],
+                 weight_dtypes: list[torch.Tensor], state_template: list[torch.Tensor], private_state: bool):
         super().__init__()
         self.models = nn.ModuleDict(models)
         self.routes = routes
         self.weight_names = weight_names
         self.state_template = state_template
         self.private_state = private_state
-        self.weight_dtypes: List[torch.Tensor] = weight_dtypes  # empty tensors of the traced dtypes
-        self.weights: List[torch.Tensor] = [torch.zeros(0)]
-        self.device_tensors: Dict[str, torch.Tensor] = {"": torch.zeros(0)}
-        self.state: Dict[str, List[torch.Tensor]] = {"": [torch.zeros(0)]}
+        self.weight_dtypes: list[torch.Tensor] = weight_dtypes  # empty tensors of the traced dtypes
+        self.weights: list[torch.Tensor] = [torch.zeros(0)]
+        self.device_tensors: dict[str, torch.Tensor] = {"": torch.zeros(0)}
+        self.state: dict[str, list[torch.Tensor]] = {"": [torch.zeros(0)]}
 
     @torch.jit.export
-    def initialize(self, checkpoint: List[Dict[str, torch.Tensor]], start_rank_tensor: torch.Tensor):
+    def initialize(self, checkpoint: list[dict[str, torch.Tensor]], start_rank_tensor: torch.Tensor):
         if len(checkpoint) != 1 or int(start_rank_tensor[0]) != 0:
             raise RuntimeError("the stand-in runs one rank: expected one checkpoint and start rank 0")
         # as _parallel_load: every tensor of the shard goes to the device, named by the module or not
         self.device_tensors = checkpoint[0]
-        weights: List[torch.Tensor] = []
+        weights: list[torch.Tensor] = []
         for i in range(len(self.weight_names)):
             name = self.weight_names[i]
             if name not in checkpoint[0]:
@@ -108,16 +107,16 @@ class StandInNxDModel(nn.Module):
                 raise RuntimeError("the shard's " + name + " is not in the dtype the graph was traced with")
             weights.append(tensor)
         self.weights = weights
-        state: Dict[str, List[torch.Tensor]] = {}
+        state: dict[str, list[torch.Tensor]] = {}
         for key in self.routes.values():
             state[key] = [t.clone() for t in self.state_template]
         state[""] = [t.clone() for t in self.state_template]
         self.state = state
 
-    def forward(self, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
+    def forward(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         key = self.routes[shape_key(inputs)]
         slot = key if self.private_state else ""
-        out: List[torch.Tensor] = [torch.zeros(0)]
+        out: list[torch.Tensor] = [torch.zeros(0)]
         for name, model in self.models.items():
             if name == key:
                 out = model(inputs, self.weights, self.state[slot])
@@ -171,7 +170,7 @@ class ModelBuilder:
             functional = _Functional(module, groups + [[n] for n in state_names])
             models[key] = torch.jit.trace(functional, (xs, ws, st), strict=False, check_trace=False)
             routes[shape_key(xs)] = key
-        template = [torch.zeros(s, dtype=self.dtypes[n]) for n, s in zip(state_names, shapes)]
+        template = [torch.zeros(s, dtype=self.dtypes[n]) for n, s in zip(state_names, shapes, strict=True)]
         private = os.environ.get("NEURON_PORT_STANDIN_PRIVATE_STATE") == "1"
         weight_dtypes = [torch.zeros(0, dtype=self.dtypes[n]) for n in self.weight_names]
         nxd_model = torch.jit.script(StandInNxDModel(models, routes, self.weight_names, weight_dtypes, template, private))
