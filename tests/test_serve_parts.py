@@ -93,11 +93,12 @@ def test_a_stream_that_fails_ends_with_an_error_event_and_done():
             import threading
 
             self.cancelled = threading.Event()
+            self.prompt = [2, 5, 6]
 
     async def run():
         queue = asyncio.Queue()
         served = type("S", (), {"model_id": "m", "tokenizer": None})()
-        reply = Reply(served, Metrics(), False, [_Req(), _Req()], queue, [2, 5, 6], None, False, False)
+        reply = Reply(served, Metrics(), False, [_Req(), _Req()], queue, [[2, 5, 6]], None, False, False)
         queue.put_nowait((0, TokenEvent(0, 0, 7, "a", 0.0, 0.0)))
         queue.put_nowait((1, RuntimeError("the graph failed")))
         return [chunk async for chunk in reply.stream()], reply

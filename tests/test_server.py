@@ -241,3 +241,41 @@ def test_sigterm_drains_in_flight_requests():
     tokens = sum(1 for c in chunks if c.startswith("data: {") and json.loads(c[6:])["choices"])
     assert tokens == 60
     assert srv.proc.wait(timeout=60) == 0
+
+
+def _ids_of(choices):
+    return [c.model_extra["token_ids"] for c in choices]
+
+
+def test_a_batched_prompt_list_answers_each_prompt_as_its_own_request(client):
+    """Every prompt form the API allows (lm-evaluation-harness sends a list of id lists): one
+    choice per prompt, in order, each what that prompt alone gets; with n, prompt p's i-th choice
+    is index p * n + i."""
+    extra = {"ignore_eos": True, "return_token_ids": True}
+    prompts = [[2, 17, 40, 41], [2, 9], [2, 300, 301, 302, 303, 304, 305]]
+    alone = [_ids_of(client.completions.create(model=MODEL, prompt=p, max_tokens=6, temperature=0, extra_body=extra).choices)[0]
+             for p in prompts]
+    batched = client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=0, extra_body=extra)
+    assert [c.index for c in batched.choices] == [0, 1, 2]
+    assert _ids_of(batched.choices) == alone
+    assert batched.usage.prompt_tokens == sum(len(p) for p in prompts)
+    texts = ["hello world", "the capital of france is"]
+    one_by_one = [client.completions.create(model=MODEL, prompt=t, max_tokens=5, temperature=0, extra_body=extra).choices[0].text
+                  for t in texts]
+    together = client.completions.create(model=MODEL, prompt=texts, max_tokens=5, temperature=0, extra_body=extra)
+    assert [c.text for c in together.choices] == one_by_one
+    sampled = {"temperature": 0.9, "seed": 11, "n": 2, "max_tokens": 5, "extra_body": extra}
+    each = [_ids_of(client.completions.create(model=MODEL, prompt=p, **sampled).choices) for p in prompts[:2]]
+    both = client.completions.create(model=MODEL, prompt=prompts[:2], **sampled)
+    assert [c.index for c in both.choices] == [0, 1, 2, 3]
+    assert _ids_of(both.choices) == each[0] + each[1]
+
+
+def test_a_prompt_list_is_checked_prompt_by_prompt(small_server):
+    body = {"model": MODEL, "prompt": [[2, 5], [2, 999999]], "max_tokens": 2}
+    r = httpx.post(small_server.base + "/v1/completions", json=body, headers=_auth(), timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    assert "prompt 1" in r.json()["error"]["message"]
+    many = {"model": MODEL, "prompt": [[2, 5]] * 40, "n": 2, "max_tokens": 2}
+    r = httpx.post(small_server.base + "/v1/completions", json=many, headers=_auth(), timeout=60)
+    assert r.status_code == 400 and "more than the server queues at once" in r.json()["error"]["message"]

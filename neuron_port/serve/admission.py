@@ -24,10 +24,11 @@ DEFAULT_MAX_TOKENS = 16
 
 @dataclass(frozen=True)
 class Admitted:
-    """A checked request: its prompt ids and one parameter set per choice (``n``)."""
+    """A checked request: every prompt's ids and, in the response's choice order, each choice's
+    prompt and parameters (``n`` per prompt: choice ``p * n + i`` is prompt ``p``'s ``i``-th)."""
 
-    prompt: list[int]
-    choices: list[GenerationParams]
+    prompts: list[list[int]]
+    choices: list[tuple[list[int], GenerationParams]]
     logprobs: int | None
 
 
@@ -42,34 +43,59 @@ def _encoded(served: Served, text: str, param: str) -> list[int]:
         raise Rejected(400, str(exc), param=param) from None
 
 
-def checked_prompt_ids(served: Served, body: CommonFields) -> list[int]:
-    """The prompt as token ids, checked against the vocabulary and the buckets."""
+def _check_model(served: Served, body: CommonFields) -> None:
     if body.model != served.model_id:
         raise Rejected(404, f"the model {body.model!r} does not exist; this server serves {served.model_id!r}",
                        "not_found_error", "model")
-    if isinstance(body, ChatRequest):
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
-        try:
-            text = served.chat.render(messages)
-            text.encode("utf-8")
-            ids = served.chat.encode_text(text, served.tokenizer, served.bos_id)
-        except UnicodeEncodeError as exc:
-            raise Rejected(400, f"messages is not valid unicode text ({exc.reason} at position {exc.start})",
-                           param="messages") from None
-        except ValueError as exc:
-            raise Rejected(400, str(exc), param="messages") from None
-    else:
-        ids = list(body.prompt) if isinstance(body.prompt, list) else _encoded(served, body.prompt, "prompt")
+
+
+def _chat_ids(served: Served, body: ChatRequest) -> list[int]:
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+    try:
+        text = served.chat.render(messages)
+        text.encode("utf-8")
+        return served.chat.encode_text(text, served.tokenizer, served.bos_id)
+    except UnicodeEncodeError as exc:
+        raise Rejected(400, f"messages is not valid unicode text ({exc.reason} at position {exc.start})",
+                       param="messages") from None
+    except ValueError as exc:
+        raise Rejected(400, str(exc), param="messages") from None
+
+
+def prompt_forms(prompt: str | list) -> list[str | list[int]]:
+    """The prompts of a completion request's ``prompt``: one for a string or a flat id list, one per
+    item for a list of strings or of id lists."""
+    if isinstance(prompt, str) or not prompt or all(isinstance(t, int) for t in prompt):
+        return [prompt]
+    return list(prompt)
+
+
+def _checked_ids(served: Served, ids: list[int], where: str) -> list[int]:
     if not ids:
-        raise Rejected(400, "the prompt is empty", param="prompt")
+        raise Rejected(400, f"{where} is empty", param="prompt")
     bad = [t for t in ids if not 0 <= t < served.vocab_size]
     if bad:
-        raise Rejected(400, f"token id {bad[0]} is outside the vocabulary (0..{served.vocab_size - 1})", param="prompt")
+        raise Rejected(400, f"{where}: token id {bad[0]} is outside the vocabulary (0..{served.vocab_size - 1})",
+                       param="prompt")
     try:
         select_bucket(len(ids), served.buckets)
     except BucketError as exc:
-        raise Rejected(400, str(exc), param="prompt") from None
+        raise Rejected(400, f"{where}: {exc}", param="prompt") from None
     return ids
+
+
+def checked_prompts(served: Served, body: CommonFields) -> list[list[int]]:
+    """Every prompt of the request as token ids, each checked against the vocabulary and the buckets."""
+    _check_model(served, body)
+    if isinstance(body, ChatRequest):
+        return [_checked_ids(served, _chat_ids(served, body), "the prompt")]
+    forms = prompt_forms(body.prompt)
+    prompts = []
+    for p, form in enumerate(forms):
+        where = "the prompt" if len(forms) == 1 else f"prompt {p}"
+        ids = list(form) if isinstance(form, list) else _encoded(served, form, "prompt")
+        prompts.append(_checked_ids(served, ids, where))
+    return prompts
 
 
 def _max_tokens(served: Served, body: CommonFields, prompt_len: int) -> int:
@@ -96,9 +122,12 @@ def _sampling(served: Served, body: CommonFields) -> SamplingParams:
 
 
 def admit(served: Served, body: CommonFields, chat: bool) -> Admitted:
-    """Check a request and build its prompt and per-choice parameters (or raise :class:`Rejected`)."""
-    ids = checked_prompt_ids(served, body)
-    max_tokens = _max_tokens(served, body, len(ids))
+    """Check a request and build its prompts and per-choice parameters (or raise :class:`Rejected`)."""
+    prompts = checked_prompts(served, body)
+    if len(prompts) * body.n > served.engine.max_queue:
+        raise Rejected(400, f"{len(prompts)} prompts x n {body.n} = {len(prompts) * body.n} choices, more than the "
+                            f"server queues at once ({served.engine.max_queue})", param="prompt")
+    max_tokens = [_max_tokens(served, body, len(ids)) for ids in prompts]
     stops = () if body.stop is None else ((body.stop,) if isinstance(body.stop, str) else tuple(body.stop))
     if stops and served.tokenizer is None:
         raise Rejected(400, "stop strings need a tokenizer, and this model has none", param="stop")
@@ -111,10 +140,10 @@ def admit(served: Served, body: CommonFields, chat: bool) -> Admitted:
     else:
         logprobs = body.logprobs
     sampling = _sampling(served, body)
-    choices = [GenerationParams(max_new_tokens=max_tokens, sampling=sampling, seed=(seed + i) % 2**64,
-                                stop_token_ids=stop_ids, stop_strings=stops, logprobs=logprobs)
-               for i in range(body.n)]
-    return Admitted(ids, choices, logprobs)
+    choices = [(ids, GenerationParams(max_new_tokens=wanted, sampling=sampling, seed=(seed + i) % 2**64,
+                                      stop_token_ids=stop_ids, stop_strings=stops, logprobs=logprobs))
+               for ids, wanted in zip(prompts, max_tokens, strict=True) for i in range(body.n)]
+    return Admitted(prompts, choices, logprobs)
 
 
-__all__ = ["DEFAULT_MAX_TOKENS", "Admitted", "checked_prompt_ids", "admit"]
+__all__ = ["DEFAULT_MAX_TOKENS", "Admitted", "prompt_forms", "checked_prompts", "admit"]

@@ -147,17 +147,17 @@ class ServerApp:
             return error(rejected.status, rejected.message, rejected.kind, rejected.param)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        requests = [Submission(admitted.prompt, params, lambda ev, i=i: loop.call_soon_threadsafe(queue.put_nowait, (i, ev)))
-                    for i, params in enumerate(admitted.choices)]
+        requests = [Submission(prompt, params, lambda ev, i=i: loop.call_soon_threadsafe(queue.put_nowait, (i, ev)))
+                    for i, (prompt, params) in enumerate(admitted.choices)]
         try:
             served.engine.submit_all(requests)  # every choice or none
         except QueueFull as exc:
             return error(429, str(exc), "rate_limit_error", headers={"Retry-After": RETRY_AFTER_S})
         except NeuronPortError as exc:  # the engine stopped
             return error(503, str(exc), "server_error")
-        self.metrics.add("prompt_tokens", len(admitted.prompt))
+        self.metrics.add("prompt_tokens", sum(len(p) for p in admitted.prompts))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        reply = Reply(served, self.metrics, chat, requests, queue, admitted.prompt, admitted.logprobs,
+        reply = Reply(served, self.metrics, chat, requests, queue, admitted.prompts, admitted.logprobs,
                       body.return_token_ids, include_usage)
         if body.stream:
             return StreamingResponse(reply.stream(), media_type="text/event-stream")

@@ -48,10 +48,11 @@ class Reply:
     """The events of a request's choices (one engine request each), turned into its response."""
 
     def __init__(self, served: Served, metrics: Metrics, chat: bool, requests: list[Submission], queue: asyncio.Queue,
-                 prompt: list[int], logprobs: int | None, with_ids: bool, include_usage: bool):
+                 prompts: list[list[int]], logprobs: int | None, with_ids: bool, include_usage: bool):
         self.served, self.metrics, self.chat, self.requests, self.queue = served, metrics, chat, requests, queue
-        self.prompt_tokens, self.logprobs, self.with_ids, self.include_usage = len(prompt), logprobs, with_ids, include_usage
-        self.context = [list(prompt[-CONTEXT_TOKENS:]) for _ in requests]  # per choice, for token texts
+        self.prompt_tokens = sum(len(p) for p in prompts)  # each prompt once, whatever its n
+        self.logprobs, self.with_ids, self.include_usage = logprobs, with_ids, include_usage
+        self.context = [list(req.prompt[-CONTEXT_TOKENS:]) for req in requests]  # per choice, for token texts
         self.offsets = [0] * len(requests)
         self.rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())

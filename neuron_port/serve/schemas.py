@@ -84,7 +84,9 @@ class CommonFields(BaseModel):
 
 
 class CompletionRequest(CommonFields):
-    prompt: str | list[int]
+    # Every form the OpenAI API allows: a string, a list of strings, a list of token ids, or a list of
+    # id lists (lm-evaluation-harness's default); each prompt gets its own ``n`` choices.
+    prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
 
