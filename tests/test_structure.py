@@ -420,8 +420,6 @@ def _reexports(sources: dict[str, str]) -> list[str]:
     neuron_port module (a package's ``__init__`` is its public face and may)."""
     found = []
     for name, text in sources.items():
-        if name.count(".") < 1 or sources is None:
-            continue
         tree = ast.parse(text)
         imported = {
             alias.asname or alias.name

@@ -11,7 +11,7 @@ user (:meth:`GenerationResult.to_json`, what ``neuron-port generate --json`` pri
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -166,10 +166,8 @@ def merge_ranks(results: Sequence[GenerationResult]) -> GenerationResult:
     """One result from every rank's (rank 0 first): rank 0's rows, timings and logits, every
     rank's KV bytes, and whether any rank's tokens differ from rank 0's."""
     first = results[0]
-    merged = GenerationResult(**{f.name: getattr(first, f.name) for f in fields(first)})
-    merged.per_rank_kv_cache_bytes = [b for r in results for b in r.per_rank_kv_cache_bytes]
-    merged.rank_disagreement = any(r.tokens != first.tokens for r in results[1:])
-    return merged
+    return replace(first, per_rank_kv_cache_bytes=[b for r in results for b in r.per_rank_kv_cache_bytes],
+                   rank_disagreement=any(r.tokens != first.tokens for r in results[1:]))
 
 
 __all__ = ["GenerationParams", "GenerationRequest", "GenerationResult", "merge_ranks"]

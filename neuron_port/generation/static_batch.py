@@ -85,7 +85,8 @@ def _rows(port: Port, request: GenerationRequest, tokenizer: Any) -> list[RowSta
 def stream_static(port: Port, request: GenerationRequest, tokenizer: Any = None, pad_id: int = 0,
                   result: GenerationResult | None = None, cancelled: Callable[[int], bool] | None = None
                   ) -> Iterator[TokenEvent]:
-    """Yield every row's tokens step by step; ``result`` (when given) is filled as they come.
+    """Yield every row's tokens step by step; ``result`` (when given) gets the tokens as they come,
+    and the texts, finish reasons and timings when the run ends.
 
     ``cancelled(row)`` -> True stops that row (finish reason ``cancelled``; it keeps running as
     padding until the batch ends).
@@ -130,8 +131,6 @@ def _steps(port: Port, request: GenerationRequest, tokenizer: Any, pad_id: int, 
         next_tok, events = pick_tokens(rows, logits, positions, kv, port.stores.next_kv(kv) is not None,
                                        port.layout.softcap, pad_id, cancelled)
         step_host += time.perf_counter() - h0
-        result.finish_reasons[:] = [row.finish_reason for row in rows]
-        result.texts[:] = [row.text.text for row in rows]
         for r, step in events:
             yield TokenEvent(r, len(rows[r].tokens) - 1, step.token, step.text, 1e3 * step_host,
                              1e3 * step_graph, step.finish_reason, step.logprob, step.top_logprobs)
@@ -149,6 +148,8 @@ def _steps(port: Port, request: GenerationRequest, tokenizer: Any, pad_id: int, 
         result.decode_steps += 1
     result.decode_s = time.perf_counter() - t_dec
     result.kv_len = store.spec.kv_len
+    result.finish_reasons[:] = [row.finish_reason for row in rows]
+    result.texts[:] = [row.text.text for row in rows]
 
 
 def _timed_step(runner, inputs, store) -> tuple[torch.Tensor, KVStore, float]:
