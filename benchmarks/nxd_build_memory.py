@@ -2,7 +2,7 @@
 
 ModelBuilder calls each graph key's ``load_module`` and keeps every module it built until the trace
 ends, so whatever each key copies stays resident once per key. This measures, each in a fresh
-process on the stand-in SDK (``tests/sdk_standin``: ModelBuilder's calls, TorchScript instead of
+process on the stand-in SDK (``tests/support/sdk_standin``: ModelBuilder's calls, TorchScript instead of
 neuronx-cc), the peak resident set (``ru_maxrss``) that ``write_nxd_rank`` adds above the process
 that already holds the model:
 
@@ -84,7 +84,7 @@ def child(way: str, smoke: bool) -> dict:
 
 def measure(way: str, smoke: bool) -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "sdk_standin"), str(ROOT)])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "support" / "sdk_standin"), str(ROOT)])
     code = (f"import json, sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import nxd_build_memory as b; "
             f"print(json.dumps(b.child({way!r}, {smoke!r})))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=1800)

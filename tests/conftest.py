@@ -8,7 +8,9 @@ from hypothesis import settings
 settings.register_profile("ci", max_examples=60, derandomize=True, deadline=None, print_blob=True)
 settings.load_profile("ci")
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Two threads per test process, split among pytest-xdist's workers when the suite runs with -n.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 
 
 def _neuron_sdk_present() -> bool:
@@ -73,3 +75,42 @@ def smollm2_dir():
 @pytest.fixture(scope="session")
 def gemma3_dir():
     return pretrained_or_skip("gemma3-270m")
+
+
+def _state_fingerprint(model) -> str:
+    """A digest of every tensor in ``model``'s state (parameters and buffers), to catch a test that edits a
+    shared model in place."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+@pytest.fixture(scope="session")
+def tiny_e2b():
+    """The tiny Gemma-4 E2B (random weights, seed 0), built once per session and shared by every test that
+    reads it. Ports and ranks copy the model they are given; a test that edits this one in place fails the
+    session at teardown (its weights are compared with what they were when it was built)."""
+    from neuron_port.model.configs import load_config
+    from neuron_port.model.loading import build_model
+
+    model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
+    before = _state_fingerprint(model)
+    yield model
+    assert _state_fingerprint(model) == before, "a test changed the shared tiny E2B in place: copy it first"
+
+
+@pytest.fixture(scope="session")
+def tiny_e2b_artifact(tmp_path_factory):
+    """A verified CPU artifact of the tiny E2B (bucket 32, KV length 64), compiled once per session.
+    Tests that edit an artifact copy it first (``helpers.copy_tree``)."""
+    from tests.helpers import run_cli
+
+    out = tmp_path_factory.mktemp("artifact") / "e2b"
+    result = run_cli("compile", "gemma-4-e2b", "--tiny", "--backend", "cpu", "--buckets", "32", "--kv-lens", "64",
+                     "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    return out

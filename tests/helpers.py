@@ -9,6 +9,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+"""The repository's root."""
+
 
 @dataclass
 class CliResult:
@@ -145,14 +148,95 @@ def write_tiny_artifact(model, out_dir: Path, source: dict, buckets=(32,), kv_le
     return write_artifact(out_dir, model, source, RankSetup.for_layout(describe(model), 1), PortShape(buckets, kv_lens))
 
 
-STANDIN_SDK = Path(__file__).parent / "sdk_standin"
+STANDIN_SDK = Path(__file__).parent / "support" / "sdk_standin"
 
 
 def standin_env(**extra: str) -> dict[str, str]:
-    """This environment with the stand-in Neuron SDK (``tests/sdk_standin``) importable, for a child process."""
+    """This environment with the stand-in Neuron SDK (``tests/support/sdk_standin``) importable, for a child process."""
     import os
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(STANDIN_SDK), str(Path(__file__).resolve().parents[1])])
     env.update(extra)
     return env
+
+
+def copy_tree(src: Path, tmp_path: Path) -> Path:
+    """A copy of the directory ``src`` under ``tmp_path``, for a test that edits what a shared fixture made."""
+    import shutil
+
+    dst = tmp_path / "copy"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def cli_json(result: CliResult):
+    """The JSON a command printed (asserting a zero exit)."""
+    import json
+
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout)
+
+
+def straddling_model():
+    """A tiny E4B with 6 query and 3 KV heads: at tp 2 each rank's queries straddle a KV group."""
+    from neuron_port.families import family_for
+    from neuron_port.model.configs import load_config_dict, tiny_config_dict
+    from neuron_port.model.loading import build_model
+
+    text = tiny_config_dict(load_config_dict("gemma-4-e4b"))
+    text.update(num_attention_heads=6, num_key_value_heads=3)
+    return build_model(family_for(text["model_type"]).make_config(text), seed=0)
+
+
+def run_slot_schedule(port, schedule, slots: int) -> dict[int, list[int]]:
+    """Drive a ``SlotBatch`` of ``slots`` by hand: ``schedule`` = [(arrival step, prompt, params)]; the tokens
+    of each request, by its index in ``schedule``."""
+    from neuron_port.generation.request_state import TokenEvent
+    from neuron_port.generation.slots import SlotBatch
+
+    batch = SlotBatch(port, slots)
+    tokens: dict[int, list[int]] = {i: [] for i in range(len(schedule))}
+    waiting, step, done = [], 0, set()
+    while len(done) < len(schedule):
+        waiting += [i for i, (arrive, _, _) in enumerate(schedule) if arrive == step]
+        take, waiting = waiting[: len(batch.free)], waiting[len(batch.free):]
+        outcomes = batch.admit([(schedule[i][1], schedule[i][2], i) for i in take]) + batch.step()
+        for owner, event in outcomes:
+            assert isinstance(event, TokenEvent), event
+            tokens[owner].append(event.token_id)
+            if event.finish_reason is not None:
+                done.add(owner)
+        step += 1
+        assert step < 500
+    return tokens
+
+
+def ranks_match_hf(model, tp: int, in_process: bool):
+    """Generate 48 greedy tokens from a seeded 24-token prompt at ``tp`` (threads, or gloo processes when not
+    ``in_process``) and assert tokens equal Hugging Face's and every step's logits are within 1e-4 of the
+    largest; the result."""
+    import torch
+
+    from neuron_port.checks.oracle import reference_generate
+    from neuron_port.generation.generate import generate
+    from neuron_port.generation.logits import softcap
+    from neuron_port.generation.request import GenerationRequest
+    from neuron_port.graph.shapes import PortShape
+
+    prompt = torch.randint(3, model.config.vocab_size, (24,), generator=torch.Generator().manual_seed(1000)).tolist()
+    prompt[0] = 2
+    ref = reference_generate(model, prompt, 48, [])
+    got = generate(
+        model,
+        GenerationRequest.greedy([prompt], 48, keep_logits=True),
+        shape=PortShape([32], 128),
+        tp=tp,
+        mode="threads" if in_process else "gloo",
+    )
+    assert got.tokens[0] == ref["tokens"]
+    port_logits = softcap(torch.stack(got.step_logits)[:, 0], model.config.final_logit_softcapping)
+    ref_logits = torch.stack(ref["logits"])
+    rel = (port_logits - ref_logits).abs().max() / ref_logits.abs().max()
+    assert rel < 1e-4, f"logits differ by {rel:.2e} relative"
+    return got

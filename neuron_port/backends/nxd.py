@@ -23,9 +23,9 @@ What this module builds, all from the library's own shard plan (:mod:`neuron_por
 
 Vendor imports happen only inside the functions that need them. :func:`parallelize_for_nxd` and
 :func:`nxd_checkpoint` run on neuronx-distributed's real ``parallel_layers`` and
-``get_sharded_checkpoint`` in ``tests/test_nxd_source.py`` (release 2.28.0, over gloo on the
+``get_sharded_checkpoint`` in ``tests/nxd/test_nxd_source.py`` (release 2.28.0, over gloo on the
 CPU); the ModelBuilder calls follow that release's source and are checked by a recording stand-in
-(``tests/test_nxd_contract.py``); they have not run on hardware, and no artifact is written with
+(``tests/backends/test_nxd_contract.py``); they have not run on hardware, and no artifact is written with
 them. :mod:`neuron_port.backends.nxd_artifact` writes and loads whole artifacts with them.
 """
 

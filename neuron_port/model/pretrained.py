@@ -16,6 +16,7 @@ the packages must already be installed
 
 from __future__ import annotations
 
+import fcntl
 import importlib.metadata
 import importlib.util
 import os
@@ -130,15 +131,17 @@ def pretrained_dir(name: str, cache_dir: str | Path | None = None) -> Path:
     if (target / "config.json").exists():
         return target
     root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=root) as tmp:
-        work = Path(tmp)
-        out = work / "model"
-        _write_hf_dir(spec.gguf(work), out)
-        try:
+    # One builder at a time per checkpoint: a second process (a parallel test worker, a second
+    # recipe) waits for the first and takes its directory instead of converting again.
+    with open(root / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "config.json").exists():
+            return target
+        with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=root) as tmp:
+            work = Path(tmp)
+            out = work / "model"
+            _write_hf_dir(spec.gguf(work), out)
             os.replace(out, target)
-        except OSError:
-            if not (target / "config.json").exists():  # another process finished first: keep its copy
-                raise
     return target
 
 

@@ -1,0 +1,53 @@
+"""The graph linter: softcap overflow, index-assignment cache writes, SBUF working sets."""
+
+
+import json
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from neuron_port import describe, load_config
+from neuron_port.checks.lint import SBUF_BYTES_PER_PARTITION, lint_model, sbuf_bytes_per_partition
+from tests.helpers import run_cli
+
+
+@given(st.integers(1, 1024), st.integers(1, 300_000), st.sampled_from([1, 2, 4]))
+def test_sbuf_formula(rows, width, nbytes):
+    got = sbuf_bytes_per_partition(rows, width, nbytes)
+    assert got == -(-rows // 128) * width * nbytes
+    assert sbuf_bytes_per_partition(rows + 128, width, nbytes) == got + width * nbytes
+
+
+def test_lint_reports_softcap_overflow_only_when_in_graph():
+    bad = lint_model("gemma-4-e2b", softcap_in_graph=True)
+    tanh = [f for f in bad["findings"] if f["rule"] == "sbuf-overflow-vocab-elementwise" and "tanh" in f["where"]]
+    assert tanh and "524,288 B per SBUF partition" in tanh[0]["detail"] and "196,608" in tanh[0]["detail"]
+    assert "host" in tanh[0]["fix"]
+    good = lint_model("gemma-4-e2b")
+    assert good["errors"] == 0
+    assert not [f for f in good["findings"] if f["rule"] in ("sbuf-overflow-vocab-elementwise", "neuron-hostile-op")]
+    assert SBUF_BYTES_PER_PARTITION == 196_608
+
+
+def test_lint_flags_index_assignment_cache_writes():
+    """Cache writes by index assignment are caught: index_put for index vectors, a baked value for scalars."""
+    from neuron_port.checks.lint import _scan, _trace
+
+    class IndexWrite(torch.nn.Module):
+        def forward(self, buf, pos, new):
+            out = buf.clone()
+            out[pos] = new
+            return out
+
+    real = describe(load_config("gemma-4-e2b"))
+    vector = _scan(_trace(IndexWrite(), [torch.zeros(8, 4), torch.tensor([3, 5]), torch.ones(2, 4)]), "g", 512, real, 2)
+    assert any(f.name == "neuron-hostile-op" and "index_put" in f.where for f in vector)
+    scalar = _scan(_trace(IndexWrite(), [torch.zeros(8, 4), torch.tensor(3), torch.ones(4)]), "g", 512, real, 2)
+    assert any(f.name == "value-baked-into-trace" for f in scalar)
+
+
+def test_lint_cli_12b_warns_about_fused_attention_window():
+    res = run_cli("lint", "gemma-4-12b", "--json")
+    d = json.loads(res.stdout)
+    assert any(f["rule"] == "fused-attention-window" and "1024" in f["where"] for f in d["findings"])

@@ -1,0 +1,125 @@
+"""One gloo rank running the library's NxD pieces on neuronx-distributed's real code.
+
+Spawned by :mod:`tests.nxd.test_nxd_source` (``tp`` processes). Each rank:
+
+1. installs the import stand-ins (:mod:`tests.nxd.nxd_stubs`) and the vendored NxD source, sets
+   ``NXD_CPU_MODE=1`` (NxD's collectives over torch.distributed gloo on the CPU) and calls NxD's
+   ``parallel_state.initialize_model_parallel(tp)``;
+2. builds the tiny model with other random weights (seed 1), swaps its projections for NxD's
+   ColumnParallelLinear / RowParallelLinear with :func:`neuron_port.backends.nxd.parallelize_for_nxd`;
+3. shards the seed-0 checkpoint with :func:`neuron_port.backends.nxd.nxd_checkpoint` (K/V rows
+   expanded by the shard plan, buffers included, no host tables) and NxD's own
+   ``get_sharded_checkpoint``, and loads this rank's shard strictly, with the host's tables beside
+   it (this check runs the whole Hugging Face forward, embeddings included);
+4. runs the Hugging Face forward of the parallel model and compares every position's logits with
+   Hugging Face's own seed-0 model (:func:`neuron_port.checks.reference.reference_for_source`).
+
+With ``resident``, steps 2-4 run on what an nxd artifact's ModelBuilder traces instead: the
+KV-resident prefill module :func:`neuron_port.backends.nxd_artifact.resident_factory` builds,
+sharded from :func:`neuron_port.backends.nxd.traced_checkpoint` (``_run_resident``).
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+
+
+def worker(rank: int, tp: int, name: str, port: int, expand_kv: bool, queue, resident: bool = False) -> None:
+    os.environ["NXD_CPU_MODE"] = "1"
+    try:
+        queue.put((rank, _run(rank, tp, name, port, expand_kv, resident)))
+    except Exception as exc:  # reported to the parent, which asserts on it
+        queue.put((rank, {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}))
+
+
+def _run(rank: int, tp: int, name: str, port: int, expand_kv: bool, resident: bool) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from tests.nxd import nxd_stubs
+
+    nxd_stubs.install()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=tp)
+    try:
+        from neuronx_distributed.parallel_layers import parallel_state
+        from neuronx_distributed.parallel_layers.layers import ColumnParallelLinear, RowParallelLinear
+        from neuronx_distributed.trace.trace import get_sharded_checkpoint
+
+        from neuron_port.backends.nxd import host_table_keys, nxd_checkpoint, parallelize_for_nxd
+        from neuron_port.checks.reference import reference_for_source
+        from neuron_port.model.layout import describe
+        from neuron_port.model.loading import checkpoint_state, model_from_name
+        from neuron_port.parallel.ranks import RankSetup
+
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+        source = model_from_name(name, tiny=True, seed=0)
+        setup = RankSetup.for_layout(describe(source), tp)
+        if resident:
+            return _run_resident(rank, tp, name, source, setup, get_sharded_checkpoint)
+        checkpoint = nxd_checkpoint(source, setup) if expand_kv else checkpoint_state(source)
+        model = parallelize_for_nxd(model_from_name(name, tiny=True, seed=1), setup)
+        get_sharded_checkpoint(checkpoint, model, rank, tp)
+        # this check runs Hugging Face's whole forward, embeddings included: the host's tables (which
+        # no device shard holds) are loaded beside the shard
+        tables = set(host_table_keys(source))
+        host = {k: v for k, v in checkpoint_state(source).items() if k in tables}
+        missing, unexpected = model.load_state_dict({**checkpoint, **host}, strict=False)
+        family = setup.layout.family
+        tied = {family.lm_head_key()} if family.tied_embeddings(family.text_config_of(model)) else set()
+        if set(missing) - tied or unexpected:  # strict, but for the tied head (the embedding's tensor)
+            raise RuntimeError(f"rank {rank} shard: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
+        parallel = sum(isinstance(m, (ColumnParallelLinear, RowParallelLinear)) for m in model.modules())
+        ids = torch.tensor([[2] + list(range(10, 60))])
+        reference = reference_for_source(name, tiny=True, seed=0).eval()
+        with torch.no_grad():
+            want = reference(ids).logits
+            got = model.eval()(ids).logits
+        diff = float((got - want).abs().max())
+        return {"max_abs_logit_diff": diff, "max_abs_logit": float(want.abs().max()), "parallel_layers": parallel,
+                "local_q_rows": int(next(m for m in model.modules() if isinstance(m, ColumnParallelLinear)).weight.shape[0])}
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_resident(rank: int, tp: int, name: str, source, setup, get_sharded_checkpoint) -> dict:
+    """What an nxd artifact's ModelBuilder traces for a prefill key (the module its ``load_module``
+    builds, with NxD's parallel layers and the rank-local KV store as parameters), given this
+    rank's shard of the checkpoint keyed as the traced module names it, by NxD's own sharding."""
+    import torch
+
+    from neuron_port.backends.nxd import traced_checkpoint
+    from neuron_port.backends.nxd_artifact import resident_factory
+    from neuron_port.checks.reference import reference_for_source
+    from neuron_port.generation.logits import softcap
+    from neuron_port.graph.embedding import HostEmbeddings
+    from neuron_port.graph.host_inputs import HostInputs
+    from neuron_port.graph.shapes import PortShape
+    from neuron_port.model.loading import model_from_name
+
+    local = PortShape(16, 32).stores(setup.layout, setup.plan.local_kv_heads(rank))
+    inputs = HostInputs(setup.layout, local, HostEmbeddings.from_model(source))
+    _, store = inputs.example_prefill(16)
+    kv = store.tensors()
+    make = resident_factory(model_from_name(name, tiny=True, seed=1), setup, local, "prefill", 16,
+                            [t.shape for t in kv], kv[0].dtype)
+    module = make()
+    checkpoint = traced_checkpoint(source, setup)
+    get_sharded_checkpoint(checkpoint, module, rank, tp)
+    missing, unexpected = module.load_state_dict(checkpoint, strict=False)
+    named = module.state_dict(keep_vars=True)
+    held = {id(named[n]) for n in checkpoint if n in named}
+    tied = {n for n, t in named.items() if id(t) in held}  # a tied head loads under the name the checkpoint gives
+    if [m for m in missing if not m.startswith("kv.") and m not in tied] or unexpected:
+        raise RuntimeError(f"rank {rank} shard: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+    ids = torch.tensor([[2] + list(range(10, 20))])
+    padded = torch.nn.functional.pad(ids, (0, 16 - ids.shape[1]))  # right-padded to the bucket
+    step = inputs.prefill(padded, torch.tensor([ids.shape[1]]), 16)
+    family = setup.layout.family
+    with torch.no_grad():
+        out = module.eval()(*step)
+        got = softcap(out[0][0], family.softcap(family.text_config_of(source)))
+        want = reference_for_source(name, tiny=True, seed=0).eval()(ids).logits[0, -1]
+    written = sum(float(t.abs().sum()) for t in out[1:])
+    return {"max_abs_logit_diff": float((got - want).abs().max()), "max_abs_logit": float(want.abs().max()),
+            "kv_written": written > 0, "kv_outputs": len(out) - 1}

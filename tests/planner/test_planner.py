@@ -1,0 +1,112 @@
+"""Capacity planner: anchors, formulas, the plan command, property tests, and KV bytes equal to what the
+runtime allocates."""
+
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from neuron_port import describe, load_config
+from neuron_port.graph.port import Port
+from neuron_port.graph.shapes import PortShape
+from neuron_port.model.loading import build_model
+from neuron_port.parallel.sharding import plan_model
+from neuron_port.planner import TARGETS, Target, device_params_per_core, plan_capacity
+from tests.helpers import run_cli, run_cli_json
+
+MiB = 1 << 20
+
+
+def _plan_json(*args):
+    return run_cli_json("plan", *args)
+
+
+def test_plan_recommendations_and_reasons():
+    e2b = _plan_json("gemma-4-e2b")
+    assert e2b["recommended_tp"] == 1 and e2b["dtype"] == "bf16" and e2b["fits"]
+    # one set of weights bound to both graphs (the default, what the backends build): the E4B fits one core
+    e4b = _plan_json("gemma-4-e4b")
+    assert e4b["recommended_tp"] == 1 and e4b["fits"] and e4b["per_core_bytes"]["second_graph"] == 0
+    assert "plan --separate-weights) the recommended tp would be 2" in " ".join(e4b["reasons"])
+    # with a copy per graph (the field report's first E4B try) one core overflows
+    e4b_separate = _plan_json("gemma-4-e4b", "--separate-weights")
+    assert e4b_separate["recommended_tp"] == 2
+    why = " ".join(_plan_json("gemma-4-e4b", "--separate-weights", "--tp", "1")["reasons"])
+    assert "tp 1 does not fit" in why and "7.46 B real parameters" in why and "effective" in why
+    b12 = _plan_json("gemma-4-12b")
+    assert b12["recommended_tp"] == 2 and b12["fits"] and b12["per_core_bytes"]["second_graph"] == 0
+    # two copies at tp 2 need ~25 GiB per core: no inf2.xlarge degree fits
+    separate = _plan_json("gemma-4-12b", "--separate-weights")
+    assert separate["recommended_tp"] is None and separate["tp"] == 2 and not separate["fits"]
+    assert "the recommended tp would be 2: 12.74 GiB per core" in " ".join(separate["reasons"])
+    for d, measured in ((e2b, 44.0), (e4b_separate, 36.0), (b12, 15.0)):
+        assert d["roofline_tok_per_s"] > d["measured_tok_per_s"] == measured
+        for key in ("model", "target", "tp", "per_core_bytes", "kv_bytes", "kv_bytes_owners_full_length", "kv_bytes_naive",
+                    "host_ram_bytes", "compile_host_ram_bytes", "reasons"):
+            assert key in d
+        assert {"weights", "kv", "other"} <= set(d["per_core_bytes"])
+        assert {"full", "slim"} == set(d["host_ram_bytes"])
+
+
+def test_plan_e2b_long_context_kv():
+    d = _plan_json("gemma-4-e2b", "--context", "32768")
+    assert d["kv_bytes"] <= 200 * MiB
+    assert d["kv_bytes_owners_full_length"] == 576 * MiB
+    assert d["kv_bytes_naive"] == 1344 * MiB
+
+
+def test_roofline_matches_the_reference_figures():
+    """facts.md: E2B ~ (1.88 B + 0.40 B) x 2 B / 410 GB/s ~ 90 tok/s; 12B ~ 34 tok/s on two cores."""
+    e2b = load_config("gemma-4-e2b")
+    assert abs(device_params_per_core(describe(e2b), e2b, 1) - (1.88e9 + 0.40e9)) / 2.28e9 < 0.01
+    assert 85 < _plan_json("gemma-4-e2b")["roofline_tok_per_s"] < 92
+    assert 29 < _plan_json("gemma-4-12b")["roofline_tok_per_s"] < 35
+
+
+def test_plan_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "plan.png"
+    assert run_cli("plan", "gemma-4-12b", "--png", str(out)).returncode == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_custom_target_and_bad_input():
+    t = Target.parse("custom:cores=4,hbm_gib=24,bw_gbs=1600,host_gib=64")
+    assert t.cores == 4 and t.hbm_per_core == 24 << 30 and t.hbm_bw_per_core == 400e9
+    with pytest.raises(ValueError, match="unknown target"):
+        Target.parse("inf3.huge")
+    assert run_cli("plan", "gemma-4-e4b", "--tp", "3").returncode != 0
+
+
+_CFG = {n: (load_config(n), describe(load_config(n))) for n in ("gemma-4-e2b", "gemma-4-e4b", "gemma-4-12b")}
+
+
+@settings(max_examples=12)
+@given(st.sampled_from(sorted(_CFG)), st.sampled_from([1, 2]), st.integers(128, 65536), st.sampled_from(["bf16", "fp32"]))
+def test_plan_is_monotonic(name, tp, context, dtype):
+    config, layout = _CFG[name]
+    target = TARGETS["inf2.8xlarge"]
+    base = plan_capacity(layout, config, name, target, dtype, tp, context)
+    longer = plan_capacity(layout, config, name, target, dtype, tp, context * 2)
+    assert longer.per_core_bytes["kv"] >= base.per_core_bytes["kv"]
+    assert longer.roofline_tok_per_s <= base.roofline_tok_per_s
+    if tp == 1:
+        wider = plan_capacity(layout, config, name, target, dtype, 2, context)
+        assert wider.per_core_bytes["weights"] < base.per_core_bytes["weights"]
+    if dtype == "bf16":
+        bigger = plan_capacity(layout, config, name, target, "fp32", tp, context)
+        assert bigger.per_core_bytes["total"] > base.per_core_bytes["total"]
+    assert base.kv_bytes <= base.kv_bytes_owners_full_length * tp <= base.kv_bytes_naive * tp
+
+
+@pytest.mark.parametrize("name", sorted(_CFG))
+@pytest.mark.parametrize("tp", [1, 2])
+def test_planner_kv_bytes_equal_what_the_runtime_allocates(name, tp):
+    config = load_config(name, tiny=True)
+    model = build_model(config, seed=0)
+    layout = describe(model)
+    kv_heads = plan_model(layout, tp).local_kv_heads(0) if tp > 1 else None
+    port = Port.over_model(model, PortShape([16], [64]), layout, kv_heads)
+    allocated = sum(t.numel() * t.element_size() for t in port.inputs.new_store(1, 64))
+    plan = plan_capacity(layout, config, name, TARGETS["inf2.xlarge"], "fp32", tp, context=64)
+    assert plan.per_core_bytes["kv"] == allocated

@@ -1,3 +1,0 @@
-"""Stand-in neuronx_distributed (see tests/sdk_standin/README.md)."""
-
-__version__ = "0.15.0+standin"

@@ -1,3 +1,0 @@
-"""Stand-in torch_neuronx (see tests/sdk_standin/README.md): importable, and nothing else."""
-
-__version__ = "2.8.0+standin"

@@ -1,0 +1,138 @@
+"""The XLA path (torch-xla on the CPU PJRT device): the lowering torch-neuronx records graphs through.
+
+Marked ``xla``: skipped where torch-xla is absent; ``.ci/run`` runs them in a second virtualenv
+with torch 2.8 + torch-xla 2.8. The command-line checks run in fresh processes (XLA's device
+count is fixed per process); the in-process checks use one device.
+"""
+
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from neuron_port import describe, load_config
+from neuron_port.checks.oracle import reference_generate
+from neuron_port.generation.logits import softcap
+from neuron_port.graph.shapes import PortShape
+from neuron_port.model.loading import build_model
+from neuron_port.parallel.ranks import RankSetup
+from tests.helpers import ROOT
+
+pytestmark = pytest.mark.xla
+PROMPT = [2, 17, 33, 5, 92, 41, 7, 300, 12, 58, 9, 77, 140, 3, 64, 211, 18, 25, 90, 8]  # longer than the tiny windows
+
+
+def _port_cli(*args: str) -> dict:
+    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    proc = subprocess.run([sys.executable, "-m", "neuron_port", "port", *args, "--tiny", "--backend", "xla", "--check",
+                           "--json"], capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("args", [("gemma-4-e2b",), ("gemma-4-e4b",), ("gemma-4-12b",), ("gemma-4-12b", "--tp", "2"),
+                                  ("gemma-4-e4b", "--tp", "2")], ids=["e2b", "e4b", "12b", "12b-tp2", "e4b-tp2"])
+def test_port_through_xla_matches_hugging_face_and_lowers_cleanly(args):
+    d = _port_cli(*args, "--max-new-tokens", "32")
+    x = d["xla"]
+    assert d["seq_match"] is True and d["new_tokens"] == 32 and d["prompt_tokens"] == 24
+    assert x["fallback_ops"] == {}
+    graphs = {"prefill_32", "decode_256"}  # both observed: their HLO was read, not assumed
+    assert set(x["kv_tensors"]) == set(x["aliased_buffers"]) == set(x["hlo_opcodes"]) == graphs
+    assert x["uncached_compiles"] <= x["graphs"] == 2
+    for graph in graphs:
+        assert x["aliased_buffers"][graph] == x["kv_tensors"][graph] > 0, graph  # the whole store stays resident
+    tp = int(args[2]) if len(args) > 2 else 1
+    assert x["devices"] == tp
+    # both graphs read one set of device weights: one model moved, its bytes once
+    model = build_model(load_config(args[0], tiny=True), seed=0)
+    state_bytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in [*model.parameters(), *model.buffers()]}.values())
+    # (at tp > 1 the SPMD layout adds the plan's expanded K/V rows; a second copy would double it)
+    assert x["weight_copies"] == 1 and state_bytes <= x["weight_bytes_to_device"] < 1.5 * state_bytes
+    for graph in graphs:
+        assert (x["hlo_opcodes"][graph].get("all-reduce", 0) > 0) == (tp > 1), graph
+
+
+
+
+def _xla_run(model, shape, tokens, keep_logits=False):
+    from neuron_port.backends.xla_port import xla_port
+    from neuron_port.generation.generate import generate
+    from neuron_port.generation.request import GenerationRequest
+
+    port, backend = xla_port(model, RankSetup.for_layout(describe(model), 1), shape)
+    return port, generate(port, GenerationRequest.greedy([PROMPT], tokens, keep_logits=keep_logits)), backend.report()
+
+
+# In-process runs use shapes no other test in this process compiles: a graph XLA already compiled
+# comes from its cache, and its HLO is then not observed.
+def test_logits_of_every_step_match_and_the_store_grows_on_the_device(tiny_e2b):
+    """Two KV lengths: the store outgrows 32 slots and is copied into 48 on the device."""
+    port, got, report = _xla_run(tiny_e2b, PortShape(32, (32, 48)), 24, keep_logits=True)
+    ref = reference_generate(tiny_e2b, PROMPT, 24)
+    assert got.tokens[0] == ref["tokens"]
+    ours = softcap(torch.stack([step[0] for step in got.step_logits]), describe(tiny_e2b).softcap)
+    theirs = torch.stack(ref["logits"])
+    assert (ours - theirs).abs().max() / theirs.abs().max() < 1e-4  # tolerance: relative to the largest logit
+    assert "kv_grow_to_48" in report["compile_s"] and report["aliased_buffers"]["decode_48"] == report["kv_tensors"]["decode_48"]
+
+
+def test_lint_findings_catch_a_store_copied_in_and_out(tiny_e2b, monkeypatch):
+    """Without the write-back the store is not aliased, and the finding says so."""
+    from neuron_port.backends.xla import XlaRunner
+    from neuron_port.checks.xla_lint import findings_of
+
+    clean = _xla_run(tiny_e2b, PortShape(24, 40), 4)[2]
+    assert findings_of(clean) == [] and set(clean["aliased_buffers"]) == {"prefill_24", "decode_40"}
+    monkeypatch.setattr(XlaRunner, "write_back", False)
+    port, got, report = _xla_run(tiny_e2b, PortShape(24, 56), 4)
+    assert got.tokens[0] == reference_generate(tiny_e2b, PROMPT, 4)["tokens"]  # still right, only slower
+    assert "kv-not-aliased" in {f.name for f in findings_of(report)}
+
+
+def test_lint_findings_catch_a_step_without_its_sync(tiny_e2b, monkeypatch):
+    """Without one sync per step every step records all earlier ones: more compiles than graphs."""
+    from neuron_port.backends.xla import XlaRunner
+    from neuron_port.checks.xla_lint import findings_of
+
+    monkeypatch.setattr(XlaRunner, "sync_each_step", False)
+    _, got, report = _xla_run(tiny_e2b, PortShape(20, 72), 6)
+    assert report["uncached_compiles"] >= 6 and report["cached_compiles"] == 0  # every step compiled anew
+    assert "xla-recompiles" in {f.name for f in findings_of(report)}
+
+
+def test_lint_command_at_tp2_grows_the_store_on_the_devices():
+    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    proc = subprocess.run([sys.executable, "-m", "neuron_port", "lint", "gemma-4-e4b", "--xla", "--tp", "2", "--json"],
+                          capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    d = json.loads(proc.stdout)
+    x = d["xla"]
+    assert d["errors"] == 0 and x["devices"] == 2
+    assert set(x["hlo_instructions"]) == {"prefill_32", "decode_32", "kv_grow_to_64", "decode_64"}
+    assert all(x["hlo_opcodes"][g].get("all-reduce", 0) > 0 for g in ("prefill_32", "decode_32", "decode_64"))
+
+
+def test_the_12b_recipe_on_the_xla_path():
+    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "gemma4_12b.py"), "--backend", "xla",
+                           "--max-new-tokens", "16"], capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "SEQ_MATCH True" in proc.stdout and "on 2 XLA device(s)" in proc.stdout and "[xla] 0 error(s)" in proc.stdout
+
+
+def test_xla_lowering_benchmark_smoke():
+    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "xla_lowering.py"), "--smoke", "--json"],
+                          capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    tiny = json.loads(proc.stdout)["tiny"]
+    assert tiny["tokens_equal"] and tiny["port"]["cold"]["uncached_compiles"] == 2
+    assert tiny["port"]["warm"]["uncached_compiles"] == 0
+    assert tiny["hf_static_cache"]["cold"]["uncached_compiles"] > 0 and tiny["ratio_hf_over_port"]["ms_per_token_warm"] > 0
