@@ -30,12 +30,19 @@ class GenerationParams:
     stop_strings: tuple[str, ...] = ()
     on_kv_full: str = "grow"  # "grow" | "stop"
     logprobs: int | None = None  # None: none; k: the chosen token's log-probability and the k most likely
+    # None: the prompt is prefilled at once; k: every prompt token after the first is scored (its
+    # log-probability given the tokens before it, and the k most likely), and max_new_tokens may be 0
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, found {self.max_new_tokens}")
-        if self.logprobs is not None and self.logprobs < 0:
-            raise ValueError(f"logprobs must be >= 0, found {self.logprobs}")
+        least = 0 if self.prompt_logprobs is not None else 1
+        if self.max_new_tokens < least:
+            raise ValueError(f"max_new_tokens must be at least {least}{' (0 scores the prompt alone)' if least else ''}, "
+                             f"found {self.max_new_tokens}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0, found {value}")
         if self.on_kv_full not in ("grow", "stop"):
             raise ValueError(f"on_kv_full must be 'grow' or 'stop', found {self.on_kv_full!r}")
 

@@ -34,6 +34,19 @@ class TokenEvent:
     top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
+@dataclass(frozen=True)
+class PromptScores:
+    """The scores of a prompt whose request asked for them (``GenerationParams.prompt_logprobs``):
+    for each prompt token after the first, its log-probability given the tokens before it and the
+    most likely (id, log-probability) pairs at that position. Comes once, before the row's first
+    token; ``finish_reason`` is ``"length"`` when the request generates nothing after its prompt."""
+
+    row: int
+    logprobs: tuple[float, ...]
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...]
+    finish_reason: str | None = None
+
+
 CONTEXT_TOKENS = 8  # prompt tokens the generated text is decoded after
 
 
@@ -96,6 +109,10 @@ class RowState:
     tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     done: bool = False
+    # scoring the prompt: its tokens still to feed, and the scores of those fed
+    forced: list[int] = field(default_factory=list)
+    prompt_scores: list[tuple[float, tuple[tuple[int, float], ...]]] = field(default_factory=list)
+    scores_sent: bool = False
 
     def finish(self, reason: str) -> None:
         self.done, self.finish_reason = True, reason
@@ -136,9 +153,36 @@ def logprobs_of(logits: torch.Tensor, token: int, top: int, cap: float | None) -
 
 
 def new_row(prompt: Sequence[int], params: GenerationParams, tokenizer=None) -> RowState:
-    """The state of a request about to decode (its sampler seeded by ``params.seed``, 0 when None)."""
-    return RowState(params, torch.Generator().manual_seed(params.seed if params.seed is not None else 0),
-                    TextState(tokenizer, params.stop_strings, prompt), list(prompt))
+    """The state of a request about to decode (its sampler seeded by ``params.seed``, 0 when None).
+    A request that scores its prompt prefills the first token alone and is fed the rest
+    (:func:`feed_prompt`), one step each, instead of sampling."""
+    row = RowState(params, torch.Generator().manual_seed(params.seed if params.seed is not None else 0),
+                   TextState(tokenizer, params.stop_strings, prompt), list(prompt))
+    if params.prompt_logprobs is not None:
+        row.forced = list(prompt[1:])
+    return row
+
+
+def prefill_length(row: RowState) -> int:
+    """How many prompt tokens the row's prefill takes (the whole prompt, or its first token when the
+    rest is scored one step at a time)."""
+    return len(row.history) - len(row.forced)
+
+
+def feed_prompt(row: RowState, logits: torch.Tensor, cap: float | None) -> int:
+    """Score the row's next prompt token from the logits [vocab] that predict it; the token to feed."""
+    token = row.forced.pop(0)
+    row.prompt_scores.append(logprobs_of(logits, token, row.params.prompt_logprobs, cap))
+    return token
+
+
+def prompt_scores(row: RowState, index: int) -> PromptScores:
+    """The row's prompt scores as an event, sent once (the row is done when it generates nothing after them)."""
+    row.scores_sent = True
+    reason = "length" if row.params.max_new_tokens == 0 else None
+    if reason is not None:
+        row.finish(reason)
+    return PromptScores(index, tuple(lp for lp, _ in row.prompt_scores), tuple(top for _, top in row.prompt_scores), reason)
 
 
 def advance(row: RowState, logits: torch.Tensor, position: int, kv_len: int, can_grow: bool, cap: float | None) -> Step:
@@ -157,5 +201,5 @@ def advance(row: RowState, logits: torch.Tensor, position: int, kv_len: int, can
     return Step(tok, piece, reason, logprob, top)
 
 
-__all__ = ["TokenEvent", "TextState", "RowState", "Step", "finish_reason",
-           "logprobs_of", "new_row", "advance"]
+__all__ = ["TokenEvent", "PromptScores", "TextState", "RowState", "Step", "finish_reason",
+           "logprobs_of", "new_row", "prefill_length", "feed_prompt", "prompt_scores", "advance"]

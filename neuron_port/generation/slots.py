@@ -10,6 +10,11 @@ every other row empty (it writes nothing there); eager graphs prefill just the n
 slots only wait for that prefill; their KV rows are untouched. :meth:`SlotBatch.step` decodes
 every slot once; a finished request frees its slot at once, and empty slots decode as padding.
 
+A request that scores its prompt (``GenerationParams.prompt_logprobs``) prefills its first token
+alone and is fed the rest one decode step each, every step's logits scoring the token fed next:
+the same decode graphs, so the scores are the logits the port's checks compare with Hugging Face.
+Its :class:`PromptScores` come once every prompt token is scored, before its first token.
+
 A row's computation never reads another row's values and the decode graph's shapes never change,
 so a request's tokens do not depend on which other requests share the batch or when they arrived (the property
 tests check this against runs of each request alone). An error while advancing one row fails
@@ -25,12 +30,21 @@ from typing import Any
 import torch
 
 from neuron_port.generation.request import GenerationParams
-from neuron_port.generation.request_state import RowState, TokenEvent, advance, new_row
+from neuron_port.generation.request_state import (
+    PromptScores,
+    RowState,
+    TokenEvent,
+    advance,
+    feed_prompt,
+    new_row,
+    prefill_length,
+    prompt_scores,
+)
 from neuron_port.graph.kv import KVStore
 from neuron_port.graph.shapes import select_bucket
 from neuron_port.graph.step import run_step
 
-Outcome = tuple[Any, "TokenEvent | BaseException"]
+Outcome = tuple[Any, "TokenEvent | PromptScores | BaseException"]
 """(the request's owner, its next event or the error that ended it)."""
 
 
@@ -80,12 +94,13 @@ class SlotBatch:
         """Advance each given slot from its logits [vocab] (``logits[i]`` is ``slots[i]``'s); free
         the finished and the failed."""
         out: list[Outcome] = []
+        cap = self.port.layout.softcap
         for slot, row_logits in zip(slots, logits, strict=True):
-            owner = self.owners[slot]
+            owner, row = self.owners[slot], self.rows[slot]
             try:
-                step = advance(
-                    self.rows[slot], row_logits, int(self.positions[slot]), self.kv_len, False, self.port.layout.softcap
-                )
+                if self._score_prompt(slot, row, row_logits, cap, out):
+                    continue
+                step = advance(row, row_logits, int(self.positions[slot]), self.kv_len, False, cap)
             except Exception as exc:  # noqa: BLE001 - this request's own failure: it alone ends
                 self.release(slot)
                 out.append((owner, exc))
@@ -95,6 +110,20 @@ class SlotBatch:
             if step.finish_reason is not None:
                 self.release(slot)
         return out
+
+    def _score_prompt(self, slot: int, row: RowState, logits: torch.Tensor, cap: float | None, out: list[Outcome]) -> bool:
+        """For a row scoring its prompt: feed its next prompt token (scored by ``logits``) and, once
+        every prompt token is scored, send the scores. True when this step is spent on the prompt
+        (the row samples nothing from ``logits``)."""
+        fed = bool(row.forced)
+        if fed:
+            self.tokens[slot] = feed_prompt(row, logits, cap)
+        if row.params.prompt_logprobs is not None and not row.forced and not row.scores_sent:
+            out.append((self.owners[slot], prompt_scores(row, slot)))
+            if row.done:
+                self.release(slot)
+                return True
+        return fed
 
     def admit(self, entries: Sequence[tuple[Sequence[int], GenerationParams, Any]]) -> list[Outcome]:
         """Prefill ``(prompt, params, owner)`` entries into free slots (at most as many as are free);
@@ -107,14 +136,16 @@ class SlotBatch:
             slots = self.free[: len(entries)]
             # compiled graphs: every slot's row, the new prompts at their slots; eager: the new rows only
             rows = slots if self.port.batch is not None else list(range(len(entries)))
-            bucket = select_bucket(max(len(p) for p, _, _ in entries), self.port.buckets)
+            states = [new_row(prompt, params, self.tokenizer) for prompt, params, _ in entries]
+            bucket = select_bucket(max(prefill_length(state) for state in states), self.port.buckets)
             ids = torch.full((self.port.batch or len(entries), bucket), self.pad_id, dtype=torch.long)
             lengths = torch.zeros(ids.shape[0], dtype=torch.long)
-            for slot, row, (prompt, params, owner) in zip(slots, rows, entries, strict=True):
-                ids[row, : len(prompt)] = torch.as_tensor(list(prompt), dtype=torch.long)
-                lengths[row] = len(prompt)
-                self.rows[slot], self.owners[slot] = new_row(prompt, params, self.tokenizer), owner
-                self.positions[slot] = len(prompt)
+            for slot, row, state, (prompt, _, owner) in zip(slots, rows, states, entries, strict=True):
+                length = prefill_length(state)
+                ids[row, :length] = torch.as_tensor(list(prompt[:length]), dtype=torch.long)
+                lengths[row] = length
+                self.rows[slot], self.owners[slot] = state, owner
+                self.positions[slot] = length
             inputs = self.port.inputs.prefill(ids, lengths, bucket)
             fresh = self.port.inputs.new_store(ids.shape[0], self.port.stores.prefill_kv[bucket])
             host = time.perf_counter() - t0

@@ -79,6 +79,9 @@ def _rows(port: Port, request: GenerationRequest, tokenizer: Any) -> list[RowSta
     port.check_batch(request.batch)
     if any(p.stop_strings for p in request.params) and tokenizer is None:
         raise ValueError("stop strings need a tokenizer: pass one with the request's source")
+    if any(p.prompt_logprobs is not None for p in request.params):
+        raise ValueError("the static batch prefills whole prompts and scores none of their tokens: prompt_logprobs "
+                         "is the slot batch's (generation.slots.SlotBatch, the server's engine)")
     return [new_row(prompt, p, tokenizer) for prompt, p in zip(request.prompts, request.params, strict=True)]
 
 

@@ -30,6 +30,7 @@ class Admitted:
     prompts: list[list[int]]
     choices: list[tuple[list[int], GenerationParams]]
     logprobs: int | None
+    echo: bool = False
 
 
 def _encoded(served: Served, text: str, param: str) -> list[int]:
@@ -102,10 +103,11 @@ def _max_tokens(served: Served, body: CommonFields, prompt_len: int) -> int:
     asked = getattr(body, "max_completion_tokens", None)
     param = "max_completion_tokens" if asked is not None else "max_tokens"
     room = served.kv_len - prompt_len
-    if room < 1:
+    explicit = asked if asked is not None else body.max_tokens
+    if room < 1 and explicit != 0:
         raise Rejected(400, f"the prompt of {prompt_len} tokens fills the context of {served.kv_len} tokens: no room for "
                             "new tokens", param="prompt")
-    wanted = asked if asked is not None else (body.max_tokens or min(DEFAULT_MAX_TOKENS, room))
+    wanted = explicit if explicit is not None else min(DEFAULT_MAX_TOKENS, room)
     if prompt_len + wanted > served.kv_len:
         raise Rejected(400, f"{param} {wanted} with a prompt of {prompt_len} tokens exceeds the context of "
                             f"{served.kv_len} tokens (at most {served.kv_len - prompt_len} new tokens)", param=param)
@@ -139,11 +141,23 @@ def admit(served: Served, body: CommonFields, chat: bool) -> Admitted:
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
     else:
         logprobs = body.logprobs
+    echo = bool(getattr(body, "echo", False))
     sampling = _sampling(served, body)
     choices = [(ids, GenerationParams(max_new_tokens=wanted, sampling=sampling, seed=(seed + i) % 2**64,
-                                      stop_token_ids=stop_ids, stop_strings=stops, logprobs=logprobs))
+                                      stop_token_ids=stop_ids, stop_strings=stops, logprobs=logprobs,
+                                      prompt_logprobs=_prompt_logprobs(echo, logprobs, wanted)))
                for ids, wanted in zip(prompts, max_tokens, strict=True) for i in range(body.n)]
-    return Admitted(prompts, choices, logprobs)
+    return Admitted(prompts, choices, logprobs, echo)
+
+
+def _prompt_logprobs(echo: bool, logprobs: int | None, max_tokens: int) -> int | None:
+    """What the engine scores of an echoed prompt: its tokens' log-probabilities when the request asks
+    for logprobs (or generates nothing, which is all a prompt-only request does); None otherwise."""
+    if not echo:
+        return None
+    if logprobs is not None:
+        return logprobs
+    return 0 if max_tokens == 0 else None
 
 
 __all__ = ["DEFAULT_MAX_TOKENS", "Admitted", "prompt_forms", "checked_prompts", "admit"]

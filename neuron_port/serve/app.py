@@ -158,7 +158,7 @@ class ServerApp:
         self.metrics.add("prompt_tokens", sum(len(p) for p in admitted.prompts))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         reply = Reply(served, self.metrics, chat, requests, queue, admitted.prompts, admitted.logprobs,
-                      body.return_token_ids, include_usage)
+                      body.return_token_ids, include_usage, admitted.echo)
         if body.stream:
             return StreamingResponse(reply.stream(), media_type="text/event-stream")
         return await reply.whole(http.is_disconnected)

@@ -14,8 +14,9 @@ fixed number of slots over one port. How waiting requests join is its one policy
 Beyond ``max_queue`` waiting requests :meth:`Engine.submit` raises :class:`QueueFull` (the
 server's 429); :meth:`Engine.submit_all` queues several (a request's ``n`` choices) all or none.
 A cancelled request (its client went away) stops at the next step. Events reach the submitter
-through its callback, on the worker thread: a :class:`TokenEvent` per token, then exactly one
-final event — ``None`` when it is done, or the exception that ended it.
+through its callback, on the worker thread: the prompt's :class:`PromptScores` first when it asked
+for them, a :class:`TokenEvent` per token, then exactly one final event — ``None`` when it is
+done, or the exception that ended it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 
 from neuron_port.errors import NeuronPortError, QueueFull
 from neuron_port.generation.request import GenerationParams
-from neuron_port.generation.request_state import TokenEvent
+from neuron_port.generation.request_state import PromptScores, TokenEvent
 from neuron_port.generation.slots import SlotBatch
 
 ADMISSIONS = ("continuous", "static")
@@ -41,12 +42,12 @@ class Submission:
 
     prompt: list[int]
     params: GenerationParams
-    on_event: Callable[[TokenEvent | BaseException | None], None]
+    on_event: Callable[[TokenEvent | PromptScores | BaseException | None], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
     created: float = field(default_factory=time.monotonic)
     finished: bool = False  # its final event (None or an exception) was delivered
 
-    def tell(self, event: TokenEvent | BaseException | None) -> None:
+    def tell(self, event: TokenEvent | PromptScores | BaseException | None) -> None:
         """Deliver an event; a final one (None or an exception) only once. A callback that fails
         (its client's loop is gone) is the client's problem, never the engine's."""
         if self.finished:
@@ -176,7 +177,7 @@ class Engine(_Worker):
     def _dispatch(outcomes) -> None:
         for req, event in outcomes:
             req.tell(event)
-            if isinstance(event, TokenEvent) and event.finish_reason is not None:
+            if isinstance(event, (TokenEvent, PromptScores)) and event.finish_reason is not None:
                 req.tell(None)
 
     def _round(self) -> None:

@@ -7,7 +7,9 @@ stream has started, an SSE ``error`` event followed by ``[DONE]``. Log-probabili
 OpenAI's two shapes: ``tokens``/``token_logprobs``/``top_logprobs``/``text_offset`` for
 completions, ``content: [{token, logprob, bytes, top_logprobs}]`` for chat; a token's text is
 what it adds to the text before it (decoded in a short window of context, so leading spaces
-survive), and ``text_offset`` counts those texts.
+survive), and ``text_offset`` counts those texts. With ``echo`` a completion's text starts with the
+prompt's, and its log-probabilities with the prompt tokens' (the first one's ``null``, as OpenAI and
+vLLM give it), all from the engine's :class:`PromptScores`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from neuron_port.generation.request_state import CONTEXT_TOKENS, TokenEvent
+from neuron_port.generation.request_state import CONTEXT_TOKENS, PromptScores, TokenEvent
 from neuron_port.serve.engine import Submission
 from neuron_port.serve.loading import Served
 from neuron_port.serve.metrics import Metrics
@@ -48,10 +50,10 @@ class Reply:
     """The events of a request's choices (one engine request each), turned into its response."""
 
     def __init__(self, served: Served, metrics: Metrics, chat: bool, requests: list[Submission], queue: asyncio.Queue,
-                 prompts: list[list[int]], logprobs: int | None, with_ids: bool, include_usage: bool):
+                 prompts: list[list[int]], logprobs: int | None, with_ids: bool, include_usage: bool, echo: bool = False):
         self.served, self.metrics, self.chat, self.requests, self.queue = served, metrics, chat, requests, queue
         self.prompt_tokens = sum(len(p) for p in prompts)  # each prompt once, whatever its n
-        self.logprobs, self.with_ids, self.include_usage = logprobs, with_ids, include_usage
+        self.logprobs, self.with_ids, self.include_usage, self.echo = logprobs, with_ids, include_usage, echo
         self.context = [list(req.prompt[-CONTEXT_TOKENS:]) for req in requests]  # per choice, for token texts
         self.offsets = [0] * len(requests)
         self.rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
@@ -68,7 +70,7 @@ class Reply:
         if client_left:
             self.metrics.add("cancelled", 1)
 
-    async def events(self, disconnected: Any = None) -> AsyncIterator[tuple[int, TokenEvent]]:
+    async def events(self, disconnected: Any = None) -> AsyncIterator[tuple[int, TokenEvent | PromptScores]]:
         """(choice index, event) until every choice is done; an exception that ended a choice is raised
         (its siblings are stopped). ``disconnected``: an async check, polled while waiting."""
         open_choices, checked = len(self.requests), time.monotonic()
@@ -112,7 +114,28 @@ class Reply:
         self.context[index] = (context + [ev.token_id])[-CONTEXT_TOKENS:]
         return text, alternatives, offset
 
-    def _logprobs(self, index: int, events: list[TokenEvent]) -> dict | None:
+    def _echoed_prompt(self, index: int, scores: PromptScores | None) -> tuple[str, dict | None]:
+        """The prompt's text and, when log-probabilities are asked, its entries (the first token has
+        none); the choice's completion entries then continue after the prompt's text."""
+        prompt, context, texts = self.requests[index].prompt, [], []
+        for token in prompt:
+            texts.append(self._text_of(context, token))
+            context = (context + [token])[-CONTEXT_TOKENS:]
+        offsets = [sum(len(t) for t in texts[:i]) for i in range(len(texts))]
+        self.offsets[index] = sum(len(t) for t in texts)
+        if self.logprobs is None:
+            return "".join(texts), None
+        if scores is None or len(scores.logprobs) != len(prompt) - 1:
+            raise RuntimeError(f"the engine scored {0 if scores is None else len(scores.logprobs)} of the prompt's "
+                               f"{len(prompt) - 1} tokens after the first")
+        tops, context = [None], prompt[:1]
+        for token, alternatives in zip(prompt[1:], scores.top_logprobs, strict=True):
+            tops.append(dict((self._text_of(context, t), lp) for t, lp in alternatives))
+            context = (context + [token])[-CONTEXT_TOKENS:]
+        return "".join(texts), {"tokens": texts, "token_logprobs": [None, *scores.logprobs], "top_logprobs": tops,
+                                "text_offset": offsets}
+
+    def _logprobs(self, index: int, events: list[TokenEvent], echoed: dict | None = None) -> dict | None:
         if self.logprobs is None:
             return None
         entries = [(ev, *self._logprob_entries(index, ev)) for ev in events]
@@ -122,13 +145,18 @@ class Reply:
 
             return {"content": [{**item(text, ev.logprob), "top_logprobs": [item(t, lp) for t, lp in alts]}
                                 for ev, text, alts, _ in entries]}
-        return {"tokens": [text for _, text, _, _ in entries], "token_logprobs": [ev.logprob for ev, *_ in entries],
-                "top_logprobs": [dict(alts) for _, _, alts, _ in entries], "text_offset": [off for *_, off in entries]}
+        echoed = echoed or {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        return {"tokens": echoed["tokens"] + [text for _, text, _, _ in entries],
+                "token_logprobs": echoed["token_logprobs"] + [ev.logprob for ev, *_ in entries],
+                "top_logprobs": echoed["top_logprobs"] + [dict(alts) for _, _, alts, _ in entries],
+                "text_offset": echoed["text_offset"] + [off for *_, off in entries]}
 
     # ---- whole and streamed ---------------------------------------------------------------
-    def _choice(self, index: int, events: list[TokenEvent], reason: str | None, delta: bool) -> dict:
-        text = "".join(ev.text for ev in events)
-        choice: dict[str, Any] = {"index": index, "finish_reason": reason, "logprobs": self._logprobs(index, events)}
+    def _choice(self, index: int, events: list[TokenEvent], reason: str | None, delta: bool,
+                scores: PromptScores | None = None) -> dict:
+        prompt_text, echoed = self._echoed_prompt(index, scores) if self.echo else ("", None)
+        text = prompt_text + "".join(ev.text for ev in events)
+        choice: dict[str, Any] = {"index": index, "finish_reason": reason, "logprobs": self._logprobs(index, events, echoed)}
         if self.chat:
             choice["delta" if delta else "message"] = {"content": text} if delta else {"role": "assistant", "content": text}
         else:
@@ -143,12 +171,16 @@ class Reply:
 
     async def whole(self, disconnected: Any = None) -> dict | JSONResponse:
         per_choice: list[list[TokenEvent]] = [[] for _ in self.requests]
+        scores: list[PromptScores | None] = [None] * len(self.requests)
         reasons: list[str | None] = ["length"] * len(self.requests)
         try:
             async for index, ev in self.events(disconnected):
+                reasons[index] = ev.finish_reason or reasons[index]
+                if isinstance(ev, PromptScores):
+                    scores[index] = ev
+                    continue
                 per_choice[index].append(ev)
                 self.metrics.add("generated_tokens", 1)
-                reasons[index] = ev.finish_reason or reasons[index]
         except asyncio.CancelledError:
             if not any(req.cancelled.is_set() for req in self.requests):
                 self.cancel()
@@ -156,7 +188,11 @@ class Reply:
         except Exception as exc:  # noqa: BLE001 - this request's failure, reported as its error
             return error(500, f"generation failed: {type(exc).__name__}: {exc}", "server_error")
         self.metrics.observe(time.monotonic() - self.started)
-        body = self._envelope([self._choice(i, evs, reasons[i], False) for i, evs in enumerate(per_choice)], False)
+        try:
+            choices = [self._choice(i, evs, reasons[i], False, scores[i]) for i, evs in enumerate(per_choice)]
+        except RuntimeError as exc:
+            return error(500, f"generation failed: {exc}", "server_error")
+        body = self._envelope(choices, False)
         return {**body, "usage": self.usage(sum(len(evs) for evs in per_choice))}
 
     async def stream(self) -> AsyncIterator[str]:
@@ -166,6 +202,8 @@ class Reply:
                 yield _sse(self._envelope([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                             "finish_reason": None} for i in range(len(self.requests))], True))
             async for index, ev in self.events():
+                if isinstance(ev, PromptScores):  # echo is refused with stream: never sent
+                    continue
                 generated += 1
                 self.metrics.add("generated_tokens", 1)
                 yield _sse(self._envelope([self._choice(index, [ev], ev.finish_reason, True)], True))

@@ -1,8 +1,8 @@
 """Request bodies of the OpenAI-compatible routes (pydantic), validated before a request is queued.
 
 Every field the server takes is declared here; any other field is a 400 that names it (a field
-OpenAI defines but this server does not implement — ``echo``, ``suffix``, ``best_of``, ``tools``,
-``response_format`` and the like — says so). Names follow OpenAI, with vLLM's extras (``top_k``,
+OpenAI defines but this server does not implement — ``suffix``, ``best_of``, ``tools``,
+``response_format``, ``echo`` on chat and the like — says so). Names follow OpenAI, with vLLM's extras (``top_k``,
 ``repetition_penalty``, ``ignore_eos``, ``return_token_ids``).
 """
 
@@ -88,6 +88,18 @@ class CompletionRequest(CommonFields):
     # id lists (lm-evaluation-harness's default); each prompt gets its own ``n`` choices.
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    # echo: the prompt before the completion, with its tokens' log-probabilities when logprobs asks;
+    # max_tokens 0 (with echo) scores the prompt alone, as lm-evaluation-harness's log-likelihoods do
+    echo: bool = False
+    max_tokens: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _echo_rules(self):
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens 0 scores the prompt alone and needs echo: true")
+        if self.echo and self.stream:
+            raise ValueError("echo is not served with stream: true; ask without streaming")
+        return self
 
 
 class TextPart(BaseModel):

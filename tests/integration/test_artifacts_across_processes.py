@@ -38,7 +38,7 @@ def _served_tp2_matches_generate(out):
 
     import httpx
 
-    from neuron_port.checks.oracle import reference_generate
+    from neuron_port.checks.oracle import reference_generate, teacher_forced_logits
     from neuron_port.model.loading import load_source
     from tests.helpers import ServerProcess
 
@@ -52,11 +52,20 @@ def _served_tp2_matches_generate(out):
 
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             served = list(pool.map(ask, prompts))
+        # a scored prompt: its tokens fed one decode step each, on both ranks
+        body = {"model": out.name, "prompt": prompts[1], "max_tokens": 0, "echo": True, "logprobs": 1}
+        scored = httpx.post(srv.base + "/v1/completions", json=body, timeout=120).json()["choices"][0]["logprobs"]
     finally:
         assert srv.stop() == 0
     model, _ = load_source("gemma-4-e4b", tiny=True, seed=json.loads((out / "manifest.json").read_text())["source"]["seed"])
     for prompt, tokens in zip(prompts, served, strict=True):  # Hugging Face in this process: no third set of ranks to start
         assert tokens == reference_generate(model, prompt, 12)["tokens"]
+    with torch.no_grad():
+        logp = torch.log_softmax(teacher_forced_logits(model, prompts[1]).double(), dim=-1)
+    want = logp[torch.arange(len(prompts[1]) - 1), torch.tensor(prompts[1][1:])]
+    assert scored["token_logprobs"][0] is None
+    # two ranks sum their partial products in another order than one forward: 1e-3, lm-eval parity's bound
+    assert (torch.tensor(scored["token_logprobs"][1:], dtype=torch.float64) - want).abs().max() < 1e-3
 
 
 def test_fresh_process_check_returns_data_and_names_the_childs_failure(tiny_e2b_artifact, tmp_path):

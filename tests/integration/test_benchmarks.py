@@ -50,7 +50,8 @@ def test_every_benchmark_has_a_smoke_test_and_a_readme_entry():
         assert script in readme, f"benchmarks/README.md does not describe {script}"
     # xla_lowering.py needs torch-xla: its smoke test is in tests/xla/test_xla_port.py (the xla virtualenv)
     tested = {"host_overhead.py", "decode_vs_hf.py", "kv_memory.py", "slim_rss.py", "host_step.py", "cpu_backend.py",
-              "xla_lowering.py", "serve_load.py", "bf16_accuracy.py", "weights_once.py", "nxd_build_memory.py"}
+              "xla_lowering.py", "serve_load.py", "bf16_accuracy.py", "weights_once.py", "nxd_build_memory.py",
+              "lm_eval_parity.py"}
     assert set(SCRIPTS) <= tested, f"no smoke test for {set(SCRIPTS) - tested}"
 
 
@@ -138,3 +139,16 @@ def test_weights_once_on_real_weights(smollm2_dir):
     assert row["graphs"] == 5 and row["weights_bytes"] > 5e8
     assert row["artifact_over_weights"] <= 1.15
     assert row["rss_over_peer"] <= 1.3
+
+
+@pytest.mark.slow
+def test_lm_eval_parity_smoke(smollm2_dir):
+    """lm-evaluation-harness's own command, --model local-completions against the served SmolLM2 (its
+    default token-list requests; echo with logprobs for the multiple-choice task) and --model hf."""
+    pytest.importorskip("lm_eval", reason="needs the bench extra (pip install -e '.[bench]'; CI installs it)")
+    out = _run("lm_eval_parity.py", "--smoke", "--json")
+    rows = {row["task"]: row for row in out["results"]}
+    assert set(rows) == {"np_capitals", "np_arithmetic"} and all(row["items"] == 4 for row in rows.values())
+    assert rows["np_capitals"]["max_loglikelihood_diff"] < 1e-3 and rows["np_capitals"]["port"] == rows["np_capitals"]["hf"]
+    assert rows["np_arithmetic"]["same_generation"] == 1.0
+

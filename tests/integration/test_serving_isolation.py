@@ -178,9 +178,12 @@ def test_openai_parameters_mean_what_they_mean(server):
     image = httpx.post(server.base + "/v1/chat/completions", timeout=30, json={
         "model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})
     assert image.status_code == 400 and "messages" in image.json()["error"]["message"]
-    for name, value in (("tools", []), ("response_format", {"type": "json_object"}), ("echo", True)):
+    for name, value in (("tools", []), ("response_format", {"type": "json_object"}), ("suffix", "!")):
         r = _complete(server, {"prompt": "hi", name: value})
         assert r.status_code == 400 and r.json()["error"]["message"] == f"the parameter '{name}' is not supported by this server"
+    r = httpx.post(server.base + "/v1/chat/completions", timeout=30, json={
+        "model": MODEL, "echo": True, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["error"]["message"] == "the parameter 'echo' is not supported by this server"
     for bad in ({"prompt": "hi", "logit_bias": {"\u00b2": 1}}, {"prompt": "hi", "logit_bias": {"1": 1, "01": 1}},
                 {"prompt": "hi", "stream_options": {"include_usage": True}}):
         r = _complete(server, bad)

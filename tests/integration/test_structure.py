@@ -503,7 +503,6 @@ UNIT_TESTS_TO_WRITE = {
     "cli.commands.porting", "cli.commands.serving", "cli.recipe",
     "families.decoder", "families.gemma3", "families.gemma4", "families.llama", "families.mistral", "families.parts",
     "families.phi3", "families.plugins", "families.qwen2", "families.qwen3",
-    "generation.request_state",
     "graph.embedding", "graph.graphs", "graph.host_inputs", "graph.runners", "graph.scratch",
     "model.buffers", "model.pretrained", "model.tokenizer",
     "parallel.collectives", "parallel.shard_model",
