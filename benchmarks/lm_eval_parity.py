@@ -122,7 +122,9 @@ def measure(name: str, dtype: str, work: Path, limit: int | None) -> list[dict]:
     directory = pretrained_dir(name)
     tasks_dir = work / "tasks"
     write_tasks(tasks_dir)
-    server = ServerProcess(str(directory), "--dtype", dtype, "--max-batch", "4", timeout=600)
+    # the tasks' prompts are short: one prompt bucket of 64 tokens and a KV length of 128 keep each step small
+    server = ServerProcess(str(directory), "--dtype", dtype, "--max-batch", "4", "--buckets", "64", "--kv-lens", "128",
+                           timeout=600)
     try:
         port = run_lm_eval("local-completions",
                            f"model={directory.name},base_url={server.base}/v1/completions,tokenizer={directory},"
