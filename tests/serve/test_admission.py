@@ -1,0 +1,36 @@
+"""What a completion request's body may say, checked before anything is queued: the prompt forms the
+OpenAI API allows, and the rules of echo and max_tokens 0 (scoring a prompt)."""
+
+import pytest
+from pydantic import ValidationError
+
+pytest.importorskip("fastapi")
+
+from neuron_port.serve.admission import _prompt_logprobs, prompt_forms  # noqa: E402
+from neuron_port.serve.schemas import CompletionRequest  # noqa: E402
+
+
+@pytest.mark.parametrize("prompt,forms", [
+    ("hi", ["hi"]), ([5, 6, 7], [[5, 6, 7]]), (["a", "b"], ["a", "b"]), ([[1, 2], [3]], [[1, 2], [3]]), ([], [[]]),
+])
+def test_each_prompt_form_gives_its_prompts(prompt, forms):
+    assert prompt_forms(prompt) == forms
+    assert prompt_forms(CompletionRequest(model="m", prompt=prompt).prompt) == forms
+
+
+@pytest.mark.parametrize("body,words", [
+    ({"max_tokens": 0}, "max_tokens 0 scores the prompt alone and needs echo: true"),
+    ({"echo": True, "stream": True}, "echo is not served with stream: true"),
+    ({"max_tokens": -1}, "greater than or equal to 0"),
+])
+def test_what_echo_cannot_do_is_refused(body, words):
+    with pytest.raises(ValidationError, match=words):
+        CompletionRequest(model="m", prompt="hi", **body)
+
+
+def test_echo_scores_the_prompt_only_when_asked_or_when_nothing_is_generated():
+    assert CompletionRequest(model="m", prompt=[1, 2], echo=True, max_tokens=0).max_tokens == 0
+    assert _prompt_logprobs(False, 3, 5) is None
+    assert _prompt_logprobs(True, 3, 5) == 3  # echo with logprobs: the prompt's, with 3 alternatives
+    assert _prompt_logprobs(True, None, 5) is None  # echo alone: the prompt's text, nothing scored
+    assert _prompt_logprobs(True, None, 0) == 0  # the prompt alone: scored, to have something to run
