@@ -502,7 +502,7 @@ UNIT_TESTS_TO_WRITE = {
     "cli.command", "cli.commands.artifacts", "cli.commands.common", "cli.commands.doctor", "cli.commands.inspect",
     "cli.commands.porting", "cli.commands.serving", "cli.recipe",
     "families.decoder", "families.parts", "families.plugins",
-    "graph.embedding", "graph.graphs", "graph.host_inputs", "graph.runners", "graph.scratch",
+    "graph.graphs", "graph.host_inputs", "graph.runners", "graph.scratch",
     "model.buffers", "model.pretrained", "model.tokenizer",
     "parallel.collectives", "parallel.shard_model",
     "serve.app", "serve.http", "serve.loading", "serve.lockstep",
