@@ -503,8 +503,8 @@ UNIT_TESTS_TO_WRITE = {
     "cli.commands.porting", "cli.commands.serving", "cli.recipe",
     "families.decoder", "families.parts", "families.plugins",
     "graph.graphs", "graph.host_inputs", "graph.runners", "graph.scratch",
-    "model.buffers", "model.pretrained", "model.tokenizer",
-    "parallel.collectives", "parallel.shard_model",
+    "model.pretrained", "model.tokenizer",
+    "parallel.collectives",
     "serve.app", "serve.http", "serve.loading", "serve.lockstep",
 }
 
