@@ -503,7 +503,7 @@ UNIT_TESTS_TO_WRITE = {
     "cli.commands.porting", "cli.commands.serving", "cli.recipe",
     "families.decoder", "families.parts", "families.plugins",
     "graph.graphs", "graph.host_inputs", "graph.runners", "graph.scratch",
-    "model.pretrained", "model.tokenizer",
+    "model.pretrained",
     "parallel.collectives",
     "serve.app", "serve.http", "serve.loading", "serve.lockstep",
 }
