@@ -504,7 +504,6 @@ UNIT_TESTS_TO_WRITE = {
     "families.decoder", "families.parts", "families.plugins",
     "graph.graphs", "graph.host_inputs", "graph.runners", "graph.scratch",
     "model.pretrained",
-    "parallel.collectives",
     "serve.app", "serve.http", "serve.loading", "serve.lockstep",
 }
 
