@@ -499,8 +499,7 @@ TOP_LEVEL_TEST_FILES = {"__init__.py", "conftest.py", "helpers.py"}
 UNIT_TESTS_TO_WRITE = {
     "backends.base", "backends.cpu", "backends.sdk", "backends.xla", "backends.xla_port",
     "checks.validation", "checks.xla_lint",
-    "cli.command", "cli.commands.artifacts", "cli.commands.common", "cli.commands.doctor", "cli.commands.inspect",
-    "cli.commands.porting", "cli.commands.serving", "cli.recipe",
+    "cli.recipe",
     "families.decoder", "families.parts", "families.plugins",
     "graph.graphs", "graph.host_inputs", "graph.runners", "graph.scratch",
     "model.pretrained",
