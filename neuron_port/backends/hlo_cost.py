@@ -1,0 +1,115 @@
+"""Memory traffic of one optimized HLO module, read from its text: bytes per instruction class.
+
+On Inferentia2 a decode step is bound by HBM traffic, and the optimized HLO torch-xla produces is
+the program neuronx-cc receives, so its traffic can be counted without a device. The model is the
+simple one a roofline uses: every instruction of the entry computation reads its operands once and
+writes its result once (a fusion counts as one instruction: its inside stays on chip). Free
+instructions move nothing: ``parameter``, ``constant``, ``tuple``, ``get-tuple-element``,
+``bitcast``. An in-place update (``dynamic-update-slice``, ``scatter``, or a fusion whose root is
+one) reads and writes only its update, as a buffer that is aliased is updated where it lies.
+
+Classes, by opcode (a fusion by what its computation holds): ``dot`` (``dot``, ``convolution``),
+``kv_write`` (``dynamic-update-slice``, ``scatter``), ``copy``, ``all_reduce``, and
+``elementwise`` (everything else: selects, blends, reductions, converts).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+                "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1}
+_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\dm\d\w*)?)\[([\d,]*)\]")
+_LINE = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>\((?:[^()]|\([^()]*\))*\)|\S+)\s+"
+                   r"(?P<opcode>[a-z][\w\-]*)\((?P<operands>[^)]*)\)(?P<attrs>.*)$")
+_COMPUTATION = re.compile(r"^(?P<entry>ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
+_CALLS = re.compile(r"calls=%?([\w.\-]+)")
+_COMMENT = re.compile(r"/\*.*?\*/")
+FREE = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all", "partition-id", "replica-id"}
+IN_PLACE = {"dynamic-update-slice", "scatter"}
+CLASSES = ("dot", "kv_write", "copy", "all_reduce", "elementwise")
+
+
+def shape_bytes(shape: str) -> int:
+    """Bytes of an HLO shape (``f32[2,16]{1,0}``, or a tuple of them); 0 for tokens and opaque types."""
+    total = 0
+    for dtype, dims in _ARRAY.findall(shape):
+        size = _DTYPE_BYTES.get(dtype)
+        if size is None:
+            continue
+        count = 1
+        for dim in filter(None, dims.split(",")):
+            count *= int(dim)
+        total += size * count
+    return total
+
+
+def _computations(text: str) -> tuple[str, dict[str, list[re.Match]]]:
+    """(the entry computation's name, every computation's instruction lines)."""
+    computations: dict[str, list[re.Match]] = {}
+    entry, current = "", None
+    for line in text.splitlines():
+        head = _COMPUTATION.match(line)
+        if head and "=" not in _COMMENT.sub("", line).split("{")[0]:
+            current = head.group("name")
+            computations[current] = []
+            entry = current if head.group("entry") else entry
+            continue
+        found = _LINE.match(line)
+        if found and current is not None:
+            computations[current].append(found)
+    return entry, computations
+
+
+def _operands(text: str) -> list[str]:
+    """Operand names of an instruction's argument list (``/*index=5*/`` comments dropped)."""
+    return [part.strip().split()[-1].lstrip("%") for part in _COMMENT.sub("", text).split(",") if part.strip()]
+
+
+def _class_of(opcode: str, called: list[re.Match] | None) -> str:
+    opcodes = {opcode} if called is None else {m.group("opcode") for m in called}
+    if opcodes & {"dot", "convolution"}:
+        return "dot"
+    if opcodes & IN_PLACE:
+        return "kv_write"
+    if opcodes & {"all-reduce", "all-reduce-start"}:
+        return "all_reduce"
+    if opcodes == {"copy"} or opcode == "copy":
+        return "copy"
+    return "elementwise"
+
+
+def _in_place_bytes(line: re.Match, called: list[re.Match] | None, sizes: dict[str, int]) -> int | None:
+    """Read and write bytes of an in-place update (its update operand, twice), or None when it is not one."""
+    root = line if called is None else next((m for m in called if m.group(0).lstrip().startswith("ROOT")), None)
+    if root is None or root.group("opcode") not in IN_PLACE:
+        return None
+    names = _operands(root.group("operands"))
+    local = sizes if called is None else {m.group("name"): shape_bytes(m.group("shape")) for m in called}
+    update = names[1] if root.group("opcode") == "dynamic-update-slice" else names[-1]
+    return 2 * local.get(update, 0)
+
+
+def traffic(text: str) -> dict[str, int]:
+    """Bytes each instruction class of the module's entry computation reads and writes, and ``total``."""
+    entry, computations = _computations(text)
+    sizes: dict[str, int] = {}
+    out: Counter = Counter({name: 0 for name in CLASSES})
+    for line in computations.get(entry, []):
+        name, opcode = line.group("name"), line.group("opcode")
+        sizes[name] = shape_bytes(line.group("shape"))
+        if opcode in FREE:
+            continue
+        calls = _CALLS.search(line.group("attrs"))
+        called = computations.get(calls.group(1)) if opcode == "fusion" and calls else None
+        moved = _in_place_bytes(line, called, sizes)
+        if moved is None:
+            moved = sizes[name] + sum(sizes.get(operand, 0) for operand in _operands(line.group("operands")))
+        out[_class_of(opcode, called)] += moved
+    result = {name: out[name] for name in CLASSES}
+    result["total"] = sum(result.values())
+    return result
+
+
+__all__ = ["CLASSES", "shape_bytes", "traffic"]
