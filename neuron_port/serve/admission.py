@@ -71,13 +71,18 @@ def prompt_forms(prompt: str | list) -> list[str | list[int]]:
     return list(prompt)
 
 
-def _checked_ids(served: Served, ids: list[int], where: str) -> list[int]:
+def _checked_ids(served: Served, ids: list[int], where: str, scored: bool = False) -> list[int]:
     if not ids:
         raise Rejected(400, f"{where} is empty", param="prompt")
     bad = [t for t in ids if not 0 <= t < served.vocab_size]
     if bad:
         raise Rejected(400, f"{where}: token id {bad[0]} is outside the vocabulary (0..{served.vocab_size - 1})",
                        param="prompt")
+    if scored:  # only its first token is prefilled; the rest is fed one decode step each
+        if len(ids) > served.kv_len:
+            raise Rejected(400, f"{where} of {len(ids)} tokens is longer than the context of {served.kv_len} tokens",
+                           param="prompt")
+        return ids
     try:
         select_bucket(len(ids), served.buckets)
     except BucketError as exc:
@@ -85,17 +90,24 @@ def _checked_ids(served: Served, ids: list[int], where: str) -> list[int]:
     return ids
 
 
+def scores_prompts(body: CommonFields) -> bool:
+    """Whether the request's prompts are scored token by token (``echo`` with ``logprobs``, or
+    ``max_tokens`` 0): then a prompt may be as long as the context, not only as the largest bucket."""
+    return bool(getattr(body, "echo", False)) and (getattr(body, "logprobs", None) is not None or body.max_tokens == 0)
+
+
 def checked_prompts(served: Served, body: CommonFields) -> list[list[int]]:
-    """Every prompt of the request as token ids, each checked against the vocabulary and the buckets."""
+    """Every prompt of the request as token ids, each checked against the vocabulary and the buckets
+    (the context, for a prompt that is scored)."""
     _check_model(served, body)
     if isinstance(body, ChatRequest):
         return [_checked_ids(served, _chat_ids(served, body), "the prompt")]
-    forms = prompt_forms(body.prompt)
+    forms, scored = prompt_forms(body.prompt), scores_prompts(body)
     prompts = []
     for p, form in enumerate(forms):
         where = "the prompt" if len(forms) == 1 else f"prompt {p}"
         ids = list(form) if isinstance(form, list) else _encoded(served, form, "prompt")
-        prompts.append(_checked_ids(served, ids, where))
+        prompts.append(_checked_ids(served, ids, where, scored))
     return prompts
 
 
@@ -160,4 +172,4 @@ def _prompt_logprobs(echo: bool, logprobs: int | None, max_tokens: int) -> int |
     return 0 if max_tokens == 0 else None
 
 
-__all__ = ["DEFAULT_MAX_TOKENS", "Admitted", "prompt_forms", "checked_prompts", "admit"]
+__all__ = ["DEFAULT_MAX_TOKENS", "Admitted", "prompt_forms", "scores_prompts", "checked_prompts", "admit"]

@@ -15,6 +15,7 @@ vLLM give it), all from the engine's :class:`PromptScores`.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 import uuid
@@ -121,8 +122,8 @@ class Reply:
         for token in prompt:
             texts.append(self._text_of(context, token))
             context = (context + [token])[-CONTEXT_TOKENS:]
-        offsets = [sum(len(t) for t in texts[:i]) for i in range(len(texts))]
-        self.offsets[index] = sum(len(t) for t in texts)
+        offsets = list(itertools.accumulate((len(t) for t in texts), initial=0))
+        self.offsets[index] = offsets.pop()
         if self.logprobs is None:
             return "".join(texts), None
         if scores is None or len(scores.logprobs) != len(prompt) - 1:
@@ -188,8 +189,9 @@ class Reply:
         except Exception as exc:  # noqa: BLE001 - this request's failure, reported as its error
             return error(500, f"generation failed: {type(exc).__name__}: {exc}", "server_error")
         self.metrics.observe(time.monotonic() - self.started)
-        try:
-            choices = [self._choice(i, evs, reasons[i], False, scores[i]) for i, evs in enumerate(per_choice)]
+        try:  # token texts of long echoed prompts take a while: off the event loop
+            choices = await asyncio.to_thread(
+                lambda: [self._choice(i, evs, reasons[i], False, scores[i]) for i, evs in enumerate(per_choice)])
         except RuntimeError as exc:
             return error(500, f"generation failed: {exc}", "server_error")
         body = self._envelope(choices, False)

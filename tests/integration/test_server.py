@@ -275,3 +275,19 @@ def test_a_prompt_list_is_checked_prompt_by_prompt(small_server):
     many = {"model": MODEL, "prompt": [[2, 5]] * 40, "n": 2, "max_tokens": 2}
     r = httpx.post(small_server.base + "/v1/completions", json=many, headers=_auth(), timeout=60)
     assert r.status_code == 400 and "more than the server queues at once" in r.json()["error"]["message"]
+
+
+def test_a_scored_prompt_may_be_longer_than_the_largest_bucket(server):
+    """Scoring prefills a prompt's first token and feeds the rest one decode step each, so its limit
+    is the context, not the largest prompt bucket (128 here, KV lengths up to 512)."""
+    prompt = [2] + list(range(3, 200))
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 0}
+    plain = httpx.post(server.base + "/v1/completions", json={**body, "max_tokens": 1}, timeout=120)
+    assert plain.status_code == 400 and "bucket" in plain.json()["error"]["message"]
+    scored = httpx.post(server.base + "/v1/completions", json={**body, "echo": True, "logprobs": 0}, timeout=120)
+    assert scored.status_code == 200, scored.text
+    logprobs = scored.json()["choices"][0]["logprobs"]["token_logprobs"]
+    assert len(logprobs) == len(prompt) and logprobs[0] is None and all(lp <= 0 for lp in logprobs[1:])
+    too_long = httpx.post(server.base + "/v1/completions", timeout=120,
+                          json={**body, "prompt": [2] * 600, "echo": True, "logprobs": 0})
+    assert too_long.status_code == 400 and "longer than the context of 512 tokens" in too_long.json()["error"]["message"]

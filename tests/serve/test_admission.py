@@ -6,7 +6,7 @@ from pydantic import ValidationError
 
 pytest.importorskip("fastapi")
 
-from neuron_port.serve.admission import _prompt_logprobs, prompt_forms  # noqa: E402
+from neuron_port.serve.admission import _prompt_logprobs, prompt_forms, scores_prompts  # noqa: E402
 from neuron_port.serve.schemas import CompletionRequest  # noqa: E402
 
 
@@ -34,3 +34,11 @@ def test_echo_scores_the_prompt_only_when_asked_or_when_nothing_is_generated():
     assert _prompt_logprobs(True, 3, 5) == 3  # echo with logprobs: the prompt's, with 3 alternatives
     assert _prompt_logprobs(True, None, 5) is None  # echo alone: the prompt's text, nothing scored
     assert _prompt_logprobs(True, None, 0) == 0  # the prompt alone: scored, to have something to run
+
+
+def test_which_requests_score_their_prompts():
+    def body(**fields):
+        return CompletionRequest(model="m", prompt=[1, 2], **fields)
+
+    assert scores_prompts(body(echo=True, logprobs=0)) and scores_prompts(body(echo=True, max_tokens=0))
+    assert not scores_prompts(body(echo=True)) and not scores_prompts(body(logprobs=2))
