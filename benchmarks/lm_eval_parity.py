@@ -126,9 +126,11 @@ def measure(name: str, dtype: str, work: Path, limit: int | None) -> list[dict]:
     server = ServerProcess(str(directory), "--dtype", dtype, "--max-batch", "4", "--buckets", "64", "--kv-lens", "128",
                            timeout=600)
     try:
+        # add_bos_token: the API model then tokenizes as the hf model does (the tokenizer's own special
+        # tokens: Gemma's BOS; SmolLM2's adds none), so both runs score the same ids
         port = run_lm_eval("local-completions",
                            f"model={directory.name},base_url={server.base}/v1/completions,tokenizer={directory},"
-                           "tokenizer_backend=huggingface,num_concurrent=4,max_retries=1",
+                           "tokenizer_backend=huggingface,add_bos_token=True,num_concurrent=4,max_retries=1",
                            tasks_dir, work / f"port-{name}-{dtype}", limit, [])
     finally:
         server.stop()
