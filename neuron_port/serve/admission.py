@@ -92,8 +92,9 @@ def _checked_ids(served: Served, ids: list[int], where: str, scored: bool = Fals
 
 def scores_prompts(body: CommonFields) -> bool:
     """Whether the request's prompts are scored token by token (``echo`` with ``logprobs``, or
-    ``max_tokens`` 0): then a prompt may be as long as the context, not only as the largest bucket."""
-    return bool(getattr(body, "echo", False)) and (getattr(body, "logprobs", None) is not None or body.max_tokens == 0)
+    ``max_tokens`` 0; :func:`_prompt_logprobs` says so): then a prompt may be as long as the context,
+    not only as the largest bucket."""
+    return _prompt_logprobs(bool(getattr(body, "echo", False)), getattr(body, "logprobs", None), body.max_tokens) is not None
 
 
 def checked_prompts(served: Served, body: CommonFields) -> list[list[int]]:
@@ -162,7 +163,7 @@ def admit(served: Served, body: CommonFields, chat: bool) -> Admitted:
     return Admitted(prompts, choices, logprobs, echo)
 
 
-def _prompt_logprobs(echo: bool, logprobs: int | None, max_tokens: int) -> int | None:
+def _prompt_logprobs(echo: bool, logprobs: int | None, max_tokens: int | None) -> int | None:
     """What the engine scores of an echoed prompt: its tokens' log-probabilities when the request asks
     for logprobs (or generates nothing, which is all a prompt-only request does); None otherwise."""
     if not echo:

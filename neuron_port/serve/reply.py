@@ -15,7 +15,6 @@ vLLM give it), all from the engine's :class:`PromptScores`.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import time
 import uuid
@@ -105,36 +104,38 @@ class Reply:
         after = tok.decode(context + [token_id])
         return after[len(before):] if after.startswith(before) else tok.decode([token_id])
 
-    def _logprob_entries(self, index: int, ev: TokenEvent) -> tuple[str, list[tuple[str, float]], int]:
-        """The token's text, its alternatives' texts with log-probabilities, and its text offset; advances the context."""
+    def _entry(self, index: int, token_id: int, top_logprobs) -> tuple[str, list[tuple[str, float]], int]:
+        """A token's text, its alternatives' texts with log-probabilities, and its text offset, in the
+        choice's running context; advances the context and the offset."""
         context = self.context[index]
-        text = self._text_of(context, ev.token_id)
-        alternatives = [(self._text_of(context, t), lp) for t, lp in ev.top_logprobs]
+        text = self._text_of(context, token_id)
+        alternatives = [(self._text_of(context, t), lp) for t, lp in top_logprobs]
         offset = self.offsets[index]
         self.offsets[index] += len(text)
-        self.context[index] = (context + [ev.token_id])[-CONTEXT_TOKENS:]
+        self.context[index] = (context + [token_id])[-CONTEXT_TOKENS:]
         return text, alternatives, offset
+
+    def _logprob_entries(self, index: int, ev: TokenEvent) -> tuple[str, list[tuple[str, float]], int]:
+        return self._entry(index, ev.token_id, ev.top_logprobs)
 
     def _echoed_prompt(self, index: int, scores: PromptScores | None) -> tuple[str, dict | None]:
         """The prompt's text and, when log-probabilities are asked, its entries (the first token has
-        none); the choice's completion entries then continue after the prompt's text."""
-        prompt, context, texts = self.requests[index].prompt, [], []
-        for token in prompt:
-            texts.append(self._text_of(context, token))
-            context = (context + [token])[-CONTEXT_TOKENS:]
-        offsets = list(itertools.accumulate((len(t) for t in texts), initial=0))
-        self.offsets[index] = offsets.pop()
-        if self.logprobs is None:
-            return "".join(texts), None
-        if scores is None or len(scores.logprobs) != len(prompt) - 1:
+        none). The prompt is read from its start in the choice's running context, which leaves the
+        context and the offset where the completion's entries continue."""
+        prompt = self.requests[index].prompt
+        if self.logprobs is not None and (scores is None or len(scores.logprobs) != len(prompt) - 1):
             raise RuntimeError(f"the engine scored {0 if scores is None else len(scores.logprobs)} of the prompt's "
                                f"{len(prompt) - 1} tokens after the first")
-        tops, context = [None], prompt[:1]
-        for token, alternatives in zip(prompt[1:], scores.top_logprobs, strict=True):
-            tops.append(dict((self._text_of(context, t), lp) for t, lp in alternatives))
-            context = (context + [token])[-CONTEXT_TOKENS:]
-        return "".join(texts), {"tokens": texts, "token_logprobs": [None, *scores.logprobs], "top_logprobs": tops,
-                                "text_offset": offsets}
+        tops = scores.top_logprobs if self.logprobs is not None else ((),) * (len(prompt) - 1)
+        self.context[index], self.offsets[index] = [], 0
+        entries = [self._entry(index, prompt[0], ())]
+        entries += [self._entry(index, token, alts) for token, alts in zip(prompt[1:], tops, strict=True)]
+        texts = [text for text, _, _ in entries]
+        if self.logprobs is None:
+            return "".join(texts), None
+        return "".join(texts), {"tokens": texts, "token_logprobs": [None, *scores.logprobs],
+                                "top_logprobs": [None] + [dict(alts) for _, alts, _ in entries[1:]],
+                                "text_offset": [offset for *_, offset in entries]}
 
     def _logprobs(self, index: int, events: list[TokenEvent], echoed: dict | None = None) -> dict | None:
         if self.logprobs is None:
