@@ -2,11 +2,10 @@
 
 Formulas (all bytes; ``b`` = bytes per element of the dtype):
 
-* Device weights per core = (replicated parameters + sharded parameters / tp) x b, from the
-  layout and the shard plan: q/o and MLP split by tp, k/v by the KV heads each rank holds
-  (replicated when n_kv < tp), norms and per-layer-input projections replicated, the tied LM
-  head (vocab x hidden) replicated. Embedding tables stay on the host unless asked otherwise.
-  Real parameter counts, never "effective" ones.
+* Device weights per core = (replicated parameters + sharded parameters / tp) x b, counted by
+  :func:`neuron_port.parallel.per_core.device_params_per_core` (q/o and MLP split by tp, k/v by the
+  KV heads each rank holds, the tied LM head replicated; embedding tables stay on the host unless
+  asked otherwise). Real parameter counts, never "effective" ones.
 * A second graph: neuronx-distributed's ModelBuilder keeps one set of weights for all its keys
   (its NxDModel runs every bucket model over the same weights), which is the device path this
   library targets at every degree, and the CPU artifacts hold one weights file per rank; so the
@@ -36,14 +35,12 @@ Formulas (all bytes; ``b`` = bytes per element of the dtype):
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import torch
-
 from neuron_port.graph.kv import kv_store_spec, naive_kv_bytes
 from neuron_port.model.layout import Layout
+from neuron_port.parallel.per_core import device_params_per_core, rank0_kv_heads
 from neuron_port.parallel.sharding import plan_model, valid_model_tp
 
 GiB = 1 << 30
@@ -121,58 +118,6 @@ class Plan:
         return asdict(self)
 
 
-_DEVICE_PARAMS: dict[tuple[Layout, int, bool], int] = {}
-
-
-def device_params_per_core(layout: Layout, config: Any, tp: int, embeddings_on_device: bool = False) -> int:
-    """Parameters one core holds: sharded parts / tp, replicated parts whole (see module doc).
-
-    Memoised on (layout, tp, embeddings_on_device): the layout fixes every dimension counted.
-    """
-    key = (layout, tp, embeddings_on_device)
-    if key not in _DEVICE_PARAMS:
-        _DEVICE_PARAMS[key] = _count_device_params(layout, config, tp, embeddings_on_device)
-    return _DEVICE_PARAMS[key]
-
-
-def _count_device_params(layout: Layout, config: Any, tp: int, embeddings_on_device: bool) -> int:
-    family = layout.family
-    causal_lm = family.causal_lm_class(layout.model_type)  # imported outside the device mode (torch 2.8)
-    with torch.device("meta"):
-        model = causal_lm(config)
-    plan = plan_model(layout, tp) if tp > 1 else None
-    total = 0
-    for spec, layer in zip(layout.layers, family.decoder_layers(model), strict=True):
-        layer_params = sum(p.numel() for p in layer.parameters())
-        proj, ff = family.layer_projections(layer, spec.index)
-        q_o = proj["q"].weight.numel() + proj["o"].weight.numel()
-        kv = sum(proj[r].weight.numel() for r in ("k", "v") if proj.get(r) is not None)
-        mlp = sum(m.weight.numel() for m in ff.values())
-        rest = layer_params - q_o - kv - mlp
-        local_kv = len(plan.layers[spec.index].plan.ranks[0].kv_heads) if plan else spec.n_kv
-        kv_local = kv // spec.n_kv * local_kv if kv else 0
-        total += rest + q_o // tp + kv_local + mlp // tp
-    text = family.text_model(model)
-    layer_ids = {id(p) for layer in family.decoder_layers(model) for p in layer.parameters()}
-    emb_ids = {id(family.word_embedding(model).weight)}
-    ple = family.per_layer_embedding(model)
-    if ple is not None:
-        emb_ids.add(id(ple.weight))
-    for p in text.parameters():
-        if id(p) not in layer_ids and id(p) not in emb_ids:
-            total += p.numel()  # final norm, per-layer-input projection and its norm (replicated)
-    total += layout.vocab_size * layout.hidden_size  # tied LM head on the device
-    if embeddings_on_device:
-        total += layout.params.per_layer_embedding  # word table is the tied head, already counted
-    return total
-
-
-@functools.lru_cache(maxsize=64)
-def _rank0_kv_heads(layout: Layout, tp: int) -> dict[int, int] | None:
-    """KV heads per layer on rank 0 (every rank holds as many) at ``tp``; None at tp 1 (all of them)."""
-    return plan_model(layout, tp).local_kv_heads(0) if tp > 1 else None
-
-
 @dataclass(frozen=True)
 class _Sizing:
     """What every per-core figure depends on besides the degree."""
@@ -192,7 +137,7 @@ class _Sizing:
         layout, b = self.layout, self.dtype_bytes
         weights = device_params_per_core(layout, self.config, t, self.embeddings_on_device) * b
         share = self.graphs_share_weights
-        kv = kv_store_spec(layout, self.context, kv_heads=_rank0_kv_heads(layout, t)).total_bytes(self.batch, b)
+        kv = kv_store_spec(layout, self.context, kv_heads=rank0_kv_heads(layout, t)).total_bytes(self.batch, b)
         widest = max(max(2 * s.intermediate_size // t, (s.n_q + 2 * s.n_kv) * s.head_dim) for s in layout.layers)
         activations = self.batch * max(self.buckets) * widest * 4 + self.batch * layout.vocab_size * 4
         return {"weights": weights, "second_graph": 0 if share else weights, "kv": kv, "other": RUNTIME_RESERVE + activations}
@@ -300,7 +245,7 @@ def plan_capacity(
         recommended_tp=recommended,
         fits=ok,
         per_core_bytes={**cores, "total": used, "capacity": target.hbm_per_core},
-        kv_bytes=kv_store_spec(layout, context, kv_heads=_rank0_kv_heads(layout, chosen)).total_bytes(batch, b) * chosen,
+        kv_bytes=kv_store_spec(layout, context, kv_heads=rank0_kv_heads(layout, chosen)).total_bytes(batch, b) * chosen,
         kv_bytes_owners_full_length=kv_store_spec(layout, context, ring_buffers=False).total_bytes(batch, b),
         kv_bytes_naive=naive_kv_bytes(layout, context, batch, b),
         host_ram_bytes=host,
@@ -368,6 +313,5 @@ __all__ = [
     "plan_capacity",
     "format_capacity_plan",
     "save_chart",
-    "device_params_per_core",
     "MEASURED",
 ]

@@ -6,17 +6,27 @@ simple one a roofline uses: every instruction of the entry computation reads its
 writes its result once (a fusion counts as one instruction: its inside stays on chip). Free
 instructions move nothing: ``parameter``, ``constant``, ``tuple``, ``get-tuple-element``,
 ``bitcast``. An in-place update (``dynamic-update-slice``, ``scatter``, or a fusion whose root is
-one) reads and writes only its update, as a buffer that is aliased is updated where it lies.
+one) reads and writes only its update, as a buffer that is aliased is updated where it lies. A
+``gather`` or ``dynamic-slice`` reads only what it selects: an operand (of the instruction, or of a
+fusion whose parameter feeds only such slices) counts the bytes of the slices taken from it, so an
+embedding lookup costs its rows, not its table.
 
 Classes, by opcode (a fusion by what its computation holds): ``dot`` (``dot``, ``convolution``),
 ``kv_write`` (``dynamic-update-slice``, ``scatter``), ``copy``, ``all_reduce``, and
 ``elementwise`` (everything else: selects, blends, reductions, converts).
+
+:func:`decode_cost` sets one decode step's traffic against the least any decode step at that
+context must move: the device weights read once, the K/V attention reads at that context, and the
+new rows written (step inputs and logits, a few KB, are left out of both).
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
+from typing import Any
+
+from neuron_port.graph.kv import KVStoreSpec
 
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
                 "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1}
@@ -28,6 +38,7 @@ _CALLS = re.compile(r"calls=%?([\w.\-]+)")
 _COMMENT = re.compile(r"/\*.*?\*/")
 FREE = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all", "partition-id", "replica-id"}
 IN_PLACE = {"dynamic-update-slice", "scatter"}
+SLICING = {"gather", "dynamic-slice"}
 CLASSES = ("dot", "kv_write", "copy", "all_reduce", "elementwise")
 
 
@@ -91,6 +102,30 @@ def _in_place_bytes(line: re.Match, called: list[re.Match] | None, sizes: dict[s
     return 2 * local.get(update, 0)
 
 
+def _fused_operand_bytes(called: list[re.Match], sizes: list[int]) -> list[int]:
+    """Bytes a fusion reads of each operand: all of it, or only the slices its parameter feeds
+    (when every user of that parameter inside the fusion is a gather or dynamic-slice of it)."""
+    params = {int(m.group("operands")): m.group("name") for m in called if m.group("opcode") == "parameter"}
+    out = []
+    for index, size in enumerate(sizes):
+        name = params.get(index)
+        users = [m for m in called if name is not None and name in _operands(m.group("operands"))]
+        if users and all(m.group("opcode") in SLICING and _operands(m.group("operands"))[0] == name for m in users):
+            size = min(size, sum(shape_bytes(m.group("shape")) for m in users))
+        out.append(size)
+    return out
+
+
+def _read_bytes(line: re.Match, called: list[re.Match] | None, sizes: dict[str, int]) -> int:
+    """Bytes an instruction reads of its operands."""
+    operands = [sizes.get(operand, 0) for operand in _operands(line.group("operands"))]
+    if called is not None:
+        return sum(_fused_operand_bytes(called, operands))
+    if line.group("opcode") in SLICING and operands:
+        operands[0] = min(operands[0], sizes[line.group("name")])
+    return sum(operands)
+
+
 def traffic(text: str) -> dict[str, int]:
     """Bytes each instruction class of the module's entry computation reads and writes, and ``total``."""
     entry, computations = _computations(text)
@@ -105,11 +140,27 @@ def traffic(text: str) -> dict[str, int]:
         called = computations.get(calls.group(1)) if opcode == "fusion" and calls else None
         moved = _in_place_bytes(line, called, sizes)
         if moved is None:
-            moved = sizes[name] + sum(sizes.get(operand, 0) for operand in _operands(line.group("operands")))
+            moved = sizes[name] + _read_bytes(line, called, sizes)
         out[_class_of(opcode, called)] += moved
     result = {name: out[name] for name in CLASSES}
     result["total"] = sum(result.values())
     return result
 
 
-__all__ = ["CLASSES", "shape_bytes", "traffic"]
+def minimum_decode_bytes(weight_bytes: int, store: KVStoreSpec, context: int, batch: int, dtype_bytes: int) -> int:
+    """The least a decode step at ``context`` moves on one device: weights + attended K/V + new rows."""
+    return weight_bytes + store.attended_bytes(context, batch, dtype_bytes) + store.row_bytes(batch, dtype_bytes)
+
+
+def decode_cost(moved: dict[str, int], weight_bytes: int, store: KVStoreSpec, context: int, batch: int,
+                dtype_bytes: int) -> dict[str, Any]:
+    """``{bytes, minimum_bytes, ratio, by_class, context}`` of one decode step whose :func:`traffic` is
+    ``moved`` (per device: ``weight_bytes`` and ``store`` are one device's)."""
+    if weight_bytes <= 0:
+        raise ValueError(f"weight_bytes must be positive, found {weight_bytes}")
+    minimum = minimum_decode_bytes(weight_bytes, store, context, batch, dtype_bytes)
+    return {"bytes": moved["total"], "minimum_bytes": minimum, "ratio": round(moved["total"] / minimum, 4),
+            "by_class": {name: moved[name] for name in CLASSES}, "context": context}
+
+
+__all__ = ["CLASSES", "shape_bytes", "traffic", "minimum_decode_bytes", "decode_cost"]

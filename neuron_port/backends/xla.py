@@ -19,9 +19,11 @@ graphs, their weights and the KV store on the XLA device:
   partitioner writes the all-reduce.
 
 :class:`LoweringRecorder` keeps the facts of the lowering: compiles (cached and not), aten
-fallbacks, and per graph its HLO instruction and opcode counts and aliased buffers, read from the
-optimized (for SPMD: partitioned) modules XLA dumps. torch-xla is imported inside this module's
-functions only; without it, :class:`XlaBackend` raises one line saying how to install it.
+fallbacks, and per graph its HLO instruction and opcode counts, aliased buffers and memory traffic
+(:mod:`neuron_port.backends.hlo_cost`), read from the optimized (for SPMD: partitioned, so per
+device) modules XLA dumps; the longest decode graph's traffic is set against its minimum.
+torch-xla is imported inside this module's functions only; without it, :class:`XlaBackend` raises
+one line saying how to install it.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from neuron_port.backends.hlo_cost import CLASSES, decode_cost, traffic
 from neuron_port.backends.hlo_text import HloSummary, summarize
 from neuron_port.errors import BackendUnavailableError, NeuronPortError
 from neuron_port.graph.step import INPUT_NAMES
@@ -117,10 +120,12 @@ class LoweringRecorder:
     def _dumped(self) -> list[str]:
         return sorted(glob.glob(str(self.dump / "*after_optimizations.txt"))) if self.dump is not None else []
 
-    def _take_new_modules(self) -> list[HloSummary]:
-        """The optimized modules dumped since the last call; our own dump folder is emptied after."""
+    def _take_new_modules(self) -> list[tuple[HloSummary, dict[str, int]]]:
+        """(summary, traffic) of each optimized module dumped since the last call; our own dump folder
+        is emptied after."""
         new = [f for f in self._dumped() if f not in self._read]
-        summaries = [summarize(Path(f).read_text()) for f in new]
+        texts = [Path(f).read_text() for f in new]
+        summaries = [(summarize(text), traffic(text)) for text in texts]
         self._read.update(new)
         if self.ours:  # XLA also dumps LLVM IR and objects per fusion: read what we need, drop the rest
             for path in self.dump.iterdir():
@@ -136,14 +141,15 @@ class LoweringRecorder:
         after, ns_after = self._compile_state()
         if after > before:
             modules = self._take_new_modules()
-            total = HloSummary()
-            for m in modules:
+            total, moved = HloSummary(), dict.fromkeys((*CLASSES, "total"), 0)
+            for m, bytes_of in modules:
                 total.instructions += m.instructions
                 total.opcodes.update(m.opcodes)
                 total.aliased_buffers += m.aliased_buffers
                 total.dynamic_dimensions += m.dynamic_dimensions
+                moved = {k: moved[k] + bytes_of[k] for k in moved}
             self.graphs[name] = {"compiles": after - before, "compile_s": round((ns_after - ns_before) / 1e9, 3),
-                                 "hlo": total.to_json() if modules else None}
+                                 "hlo": total.to_json() if modules else None, "traffic": moved if modules else None}
         return result
 
     def report(self, devices: int, kv_tensors: dict[str, int]) -> dict[str, Any]:
@@ -163,6 +169,7 @@ class LoweringRecorder:
             "dynamic_dimensions": {name: h["dynamic_dimensions"] for name, h in hlo.items()},
             "kv_tensors": dict(kv_tensors),
             "compile_s": {name: g["compile_s"] for name, g in self.graphs.items()},
+            "hlo_traffic": {name: g["traffic"] for name, g in self.graphs.items() if g["traffic"] is not None},
         }
 
 
@@ -240,6 +247,7 @@ class XlaBackend:
         self.weight_bytes_to_device = 0  # parameters and buffers of every model moved to the device
         self.ran: dict[str, int] = {}  # graph name -> KV tensors it takes, for every graph that ran
         self.resident: set[int] = set()  # the store tensors the last step left on the device
+        self.decode_graphs: dict[str, tuple[Any, int, int, int]] = {}  # name -> (store spec, batch, weight bytes, dtype bytes)
 
     def place_kv(self, tensor: torch.Tensor) -> torch.Tensor:
         """A store tensor moved to the device, split by KV head over the mesh at tp > 1."""
@@ -268,14 +276,39 @@ class XlaBackend:
         for name, buf in list(graph.named_buffers(recurse=False)):
             setattr(graph, name, buf.to(self.device))
         name = f"prefill_{graph.seq}" if graph.prefill else f"decode_{graph.spec.kv_len}"
+        if not graph.prefill:
+            self.decode_graphs[name] = (graph.spec, example_inputs[0].shape[0], *self._device_weight_bytes(graph.model))
         return XlaRunner(self, name, graph, len(aliases))
+
+    def _device_weight_bytes(self, model: nn.Module) -> tuple[int, int]:
+        """(the weight bytes one device must read per decode step, bytes per element): the planner's
+        per-core count (:mod:`neuron_port.parallel.per_core`) at this backend's degree."""
+        from neuron_port.model.layout import describe
+        from neuron_port.parallel.per_core import device_params_per_core
+
+        layout = self.setup.layout if self.setup is not None else describe(model)
+        dtype_bytes = next(model.parameters()).element_size()
+        return device_params_per_core(layout, model.config, self.devices) * dtype_bytes, dtype_bytes
+
+    def decode_cost(self) -> dict[str, Any] | None:
+        """The traffic of the longest decode graph whose HLO was seen, against the least a decode step at
+        its KV length must move (:func:`neuron_port.backends.hlo_cost.decode_cost`), per device; None
+        when no decode graph was observed."""
+        seen = {name: g["traffic"] for name, g in self.recorder.graphs.items() if g["traffic"] is not None}
+        observed = [name for name in self.decode_graphs if name in seen]
+        if not observed:
+            return None
+        name = max(observed, key=lambda n: self.decode_graphs[n][0].kv_len)
+        spec, batch, weight_bytes, dtype_bytes = self.decode_graphs[name]
+        return {"graph": name, **decode_cost(seen[name], weight_bytes, spec, spec.kv_len, batch, dtype_bytes)}
 
     def report(self) -> dict[str, Any]:
         """What the lowering of every graph run so far looked like (see :class:`LoweringRecorder`),
         with the weights moved to the device: ``weight_copies`` (models placed: 1 when every graph
-        reads the same device weight buffers) and ``weight_bytes_to_device``."""
+        reads the same device weight buffers) and ``weight_bytes_to_device``; and ``decode_cost``
+        (:meth:`decode_cost`)."""
         return {**self.recorder.report(self.devices, self.ran), "weight_copies": len(self._placed),
-                "weight_bytes_to_device": self.weight_bytes_to_device}
+                "weight_bytes_to_device": self.weight_bytes_to_device, "decode_cost": self.decode_cost()}
 
     def save(self, runnable: Any, path: Path) -> None:
         raise NeuronPortError("xla graphs are lowered and checked in process (neuron-port port --backend xla); "

@@ -12,7 +12,11 @@ few tokens past its sliding window, and the lowering report becomes findings:
 * an HLO op the Neuron compiler is documented not to take (control flow), or a dynamically sized
   dimension (see :mod:`neuron_port.backends.hlo_text` for the sources);
 * a graph that ran but whose HLO was not seen (it compiled earlier in the same process): a clean
-  report is only claimed for what was observed.
+  report is only claimed for what was observed;
+* a warning when the decode step moves more than ``DECODE_COST_BOUND`` times the least a decode step
+  at its KV length must (weights, attended K/V, new rows: the report's ``decode_cost``). 1.3 is the
+  bound the port is held to at long contexts on E2B: past it, on a device whose decode is bound by
+  HBM traffic, more than a quarter of each step's time goes to bytes no decode step needs.
 
 Numbers per graph (instructions, collectives, aliased buffers, compile seconds) are reported as
 they are; only the rules above are findings.
@@ -26,6 +30,7 @@ from neuron_port.backends.hlo_text import DYNAMIC_SHAPE_NOTE, NEURON_REJECTED_OP
 from neuron_port.checks.check import Check
 
 LINT_TOKENS = 20
+DECODE_COST_BOUND = 1.3
 
 
 def findings_of(report: dict[str, Any]) -> list[Check]:
@@ -56,6 +61,15 @@ def findings_of(report: dict[str, Any]) -> list[Check]:
         if report["dynamic_dimensions"].get(name):
             found.append(Check.finding("dynamic-shape", "error", name, f"{report['dynamic_dimensions'][name]} instructions: "
                                  f"{DYNAMIC_SHAPE_NOTE}", "pad to a bucket so every dimension is static"))
+    cost = report.get("decode_cost")
+    if cost is not None and cost["ratio"] > DECODE_COST_BOUND:
+        biggest = max(cost["by_class"], key=cost["by_class"].get)
+        found.append(Check.finding("decode-traffic", "warning", cost["graph"],
+                                   f"a decode step moves {cost['bytes']:,} bytes, {cost['ratio']:.2f}x the least it must "
+                                   f"({cost['minimum_bytes']:,}: weights, attended K/V, new rows; bound "
+                                   f"{DECODE_COST_BOUND}); the most goes to {biggest}",
+                                   "write only the new K/V rows (in-place updates), and read only the K/V the "
+                                   "position attends"))
     return found
 
 
@@ -102,10 +116,14 @@ def format_lowering(result: dict[str, Any]) -> str:
             f"{graph:<18}{count:>10}{x['hlo_opcodes'][graph].get('all-reduce', 0):>11}{aliased:>12}"
             f"{x['compile_s'].get(graph, 0):>10}"
         )
+    cost = x.get("decode_cost")
+    if cost is not None:
+        lines.append(f"decode step ({cost['graph']}): {cost['bytes']:,} bytes moved per device, minimum "
+                     f"{cost['minimum_bytes']:,}, ratio {cost['ratio']:.2f}")
     for f in result["findings"]:
         lines.append(f"[{f['severity']}] {f['rule']} at {f['where']}: {f['detail']}\n    fix: {f['fix']}")
     lines.append(f"{result['errors']} error(s)")
     return "\n".join(lines)
 
 
-__all__ = ["LINT_TOKENS", "findings_of", "lint_xla", "lowering_result", "format_lowering"]
+__all__ = ["LINT_TOKENS", "DECODE_COST_BOUND", "findings_of", "lint_xla", "lowering_result", "format_lowering"]

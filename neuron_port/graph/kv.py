@@ -56,6 +56,21 @@ class KVStoreSpec:
     def total_bytes(self, batch: int = 1, dtype_bytes: int = 2) -> int:
         return sum(self.bytes_per_layer(batch, dtype_bytes).values())
 
+    def attended_bytes(self, context: int, batch: int = 1, dtype_bytes: int = 2) -> int:
+        """K plus V bytes a decode step at ``context`` positions must read: every full owner's
+        ``min(context, slots)`` positions, every sliding owner's last ``min(context, window)``."""
+        total = 0
+        for s in self.slots:
+            held = min(context, s.slots)
+            if s.attention == "sliding" and self.window is not None:
+                held = min(held, self.window)
+            total += 2 * batch * s.n_kv * held * s.head_dim * dtype_bytes
+        return total
+
+    def row_bytes(self, batch: int = 1, dtype_bytes: int = 2) -> int:
+        """K plus V bytes of one new position in every owner (what a decode step must write)."""
+        return sum(2 * batch * s.n_kv * s.head_dim * dtype_bytes for s in self.slots)
+
     def allocate(self, batch: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
         """Zeroed buffers in graph order: K of every owner, then V of every owner."""
         ks = [torch.zeros(s.shape(batch), dtype=dtype) for s in self.slots]

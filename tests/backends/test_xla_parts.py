@@ -73,14 +73,24 @@ def _report(**changes):
     return {**base, **changes}
 
 
+def _cost(ratio: float) -> dict:
+    return {"graph": "decode_64", "bytes": int(1000 * ratio), "minimum_bytes": 1000, "ratio": ratio,
+            "by_class": {"dot": 700, "kv_write": 0, "copy": int(1000 * ratio) - 900, "all_reduce": 0, "elementwise": 200},
+            "context": 64}
+
+
 def test_lint_findings_name_each_problem_and_nothing_on_a_clean_report():
     assert findings_of(_report()) == []
+    assert findings_of(_report(decode_cost=_cost(ratio=1.3))) == []  # at the bound: no warning
+    [traffic] = findings_of(_report(decode_cost=_cost(ratio=1.9)))
+    assert traffic.severity == "warning" and not traffic.failed and "copy" in traffic.detail
     cases = {
         "xla-recompiles": _report(uncached_compiles=9),
         "xla-fallback": _report(fallback_ops={"aten::nonzero": 3}),
         "kv-not-aliased": _report(aliased_buffers={"prefill_32": 12, "decode_64": 0}),
         "neuron-rejected-hlo": _report(hlo_opcodes={"prefill_32": {"while": 1}, "decode_64": {}}),
         "dynamic-shape": _report(dynamic_dimensions={"decode_64": 2}),
+        "decode-traffic": _report(decode_cost=_cost(ratio=1.9)),
     }
     for rule, report in cases.items():
         assert [f.name for f in findings_of(report)] == [rule]

@@ -10,8 +10,9 @@ from neuron_port import describe, load_config
 from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape
 from neuron_port.model.loading import build_model
+from neuron_port.parallel.per_core import device_params_per_core
 from neuron_port.parallel.sharding import plan_model
-from neuron_port.planner import TARGETS, Target, device_params_per_core, plan_capacity
+from neuron_port.planner import TARGETS, Target, plan_capacity
 from tests.helpers import run_cli, run_cli_json
 
 MiB = 1 << 20

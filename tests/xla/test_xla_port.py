@@ -19,8 +19,10 @@ import torch
 from neuron_port import describe, load_config
 from neuron_port.checks.oracle import reference_generate
 from neuron_port.generation.logits import softcap
+from neuron_port.graph.kv import kv_store_spec
 from neuron_port.graph.shapes import PortShape
 from neuron_port.model.loading import build_model
+from neuron_port.parallel.per_core import device_params_per_core
 from neuron_port.parallel.ranks import RankSetup
 from tests.helpers import ROOT
 
@@ -57,6 +59,12 @@ def test_port_through_xla_matches_hugging_face_and_lowers_cleanly(args):
     assert x["weight_copies"] == 1 and state_bytes <= x["weight_bytes_to_device"] < 1.5 * state_bytes
     for graph in graphs:
         assert (x["hlo_opcodes"][graph].get("all-reduce", 0) > 0) == (tp > 1), graph
+    # what a decode step moves on each device, against the least it must (read per device from the
+    # partitioned module at tp > 1, so its weights are the core's share)
+    cost = d["decode_cost"]
+    assert cost == x["decode_cost"] and cost["graph"] == "decode_256" and cost["context"] == 256
+    assert cost["bytes"] == x["hlo_traffic"]["decode_256"]["total"] >= cost["minimum_bytes"] > 0
+    assert (cost["by_class"]["all_reduce"] > 0) == (tp > 1)
 
 
 
@@ -81,6 +89,15 @@ def test_logits_of_every_step_match_and_the_store_grows_on_the_device(tiny_e2b):
     theirs = torch.stack(ref["logits"])
     assert (ours - theirs).abs().max() / theirs.abs().max() < 1e-4  # tolerance: relative to the largest logit
     assert "kv_grow_to_48" in report["compile_s"] and report["aliased_buffers"]["decode_48"] == report["kv_tensors"]["decode_48"]
+    # the decode cost: the longest decode graph's traffic against the least a step at 48 positions moves,
+    # counted here from the model itself (every device weight once in fp32, the whole store, one new row)
+    cost, layout = report["decode_cost"], describe(tiny_e2b)
+    weights = device_params_per_core(layout, tiny_e2b.config, 1) * 4
+    kv = kv_store_spec(layout, 48)
+    assert cost["graph"] == "decode_48" and cost["context"] == 48
+    assert cost["minimum_bytes"] == weights + kv.total_bytes(1, 4) + kv.row_bytes(1, 4)
+    assert cost["bytes"] == report["hlo_traffic"]["decode_48"]["total"] >= cost["minimum_bytes"]
+    assert cost["by_class"]["dot"] >= weights  # every weight goes through a matmul once
 
 
 def test_lint_findings_catch_a_store_copied_in_and_out(tiny_e2b, monkeypatch):

@@ -50,7 +50,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 def _device_bytes(out: Path, model, setup) -> dict:
     """What each NeuronCore's shard holds against the planner's per-core weights (device tensors only)."""
     from neuron_port.backends.nxd_artifact import shard_bytes
-    from neuron_port.planner import device_params_per_core
+    from neuron_port.parallel.per_core import device_params_per_core
 
     shards = shard_bytes(out / "rank0")
     itemsize = next(model.parameters()).element_size()

@@ -67,6 +67,7 @@ def _cmd_port(args: argparse.Namespace) -> int:
                                           for s in shape.rank_stores(setup)]
     if result.lowering is not None:
         out["xla"] = result.lowering
+        out["decode_cost"] = result.lowering["decode_cost"]  # bytes a decode step moves per device, against its minimum
     if args.batch > 1:
         out["rows"] = [{"prompt_tokens": len(p), "tokens": t} for p, t in zip(prompts, result.tokens, strict=True)]
     if is_dir and (args.prompt is not None or args.chat is not None):
