@@ -5,19 +5,22 @@ the program neuronx-cc receives, so its traffic can be counted without a device.
 simple one a roofline uses: every instruction of the entry computation reads its operands once and
 writes its result once (a fusion counts as one instruction: its inside stays on chip). Free
 instructions move nothing: ``parameter``, ``constant``, ``tuple``, ``get-tuple-element``,
-``bitcast``. An in-place update (``dynamic-update-slice``, ``scatter``, or a fusion whose root is
-one) reads and writes only its update, as a buffer that is aliased is updated where it lies. A
-``gather`` or ``dynamic-slice`` reads only what it selects: an operand (of the instruction, or of a
-fusion whose parameter feeds only such slices) counts the bytes of the slices taken from it, so an
-embedding lookup costs its rows, not its table.
+``bitcast``. A ``call`` moves what the computation it calls moves (XLA's CPU backend outlines
+parallel loops into calls). An in-place update (``dynamic-update-slice``, ``scatter``, or a fusion
+whose root is one) reads and writes only its update, as a buffer that is aliased is updated where
+it lies. A ``gather`` or ``dynamic-slice`` reads only what it selects: an operand (of the
+instruction, or of a fusion whose parameter feeds only such slices, directly or through converts
+and reshapes) counts the bytes of the slices taken from it, so an embedding lookup costs its rows,
+not its table.
 
 Classes, by opcode (a fusion by what its computation holds): ``dot`` (``dot``, ``convolution``),
 ``kv_write`` (``dynamic-update-slice``, ``scatter``), ``copy``, ``all_reduce``, and
 ``elementwise`` (everything else: selects, blends, reductions, converts).
 
 :func:`decode_cost` sets one decode step's traffic against the least any decode step at that
-context must move: the device weights read once, the K/V attention reads at that context, and the
-new rows written (step inputs and logits, a few KB, are left out of both).
+context must move: the device weights read once, the K/V each attending layer reads at that context
+(a layer that shares another's K/V reads it too: sharing saves memory, not traffic), and the new
+rows written (step inputs and logits, a few KB, are left out of both).
 """
 
 from __future__ import annotations
@@ -35,10 +38,12 @@ _LINE = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>\((?:[
                    r"(?P<opcode>[a-z][\w\-]*)\((?P<operands>[^)]*)\)(?P<attrs>.*)$")
 _COMPUTATION = re.compile(r"^(?P<entry>ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
 _CALLS = re.compile(r"calls=%?([\w.\-]+)")
+_TO_APPLY = re.compile(r"to_apply=%?([\w.\-]+)")
 _COMMENT = re.compile(r"/\*.*?\*/")
 FREE = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all", "partition-id", "replica-id"}
 IN_PLACE = {"dynamic-update-slice", "scatter"}
 SLICING = {"gather", "dynamic-slice"}
+PASS_THROUGH = {"convert", "bitcast", "reshape", "copy", "bitcast-convert"}
 CLASSES = ("dot", "kv_write", "copy", "all_reduce", "elementwise")
 
 
@@ -102,16 +107,42 @@ def _in_place_bytes(line: re.Match, called: list[re.Match] | None, sizes: dict[s
     return 2 * local.get(update, 0)
 
 
+def _elements(shape: str) -> int:
+    """Elements of an array shape (the first array of a tuple)."""
+    found = _ARRAY.search(shape)
+    count = 1
+    for dim in filter(None, found.group(2).split(",") if found else []):
+        count *= int(dim)
+    return count
+
+
+def _sliced_elements(name: str, called: list[re.Match]) -> int | None:
+    """Elements of ``name`` a fusion reads when every use of it ends, through element-wise reshapes
+    and converts (computed element by element inside a fusion), in a gather or dynamic-slice of it;
+    None when some use reads it whole."""
+    users = [m for m in called if name in _operands(m.group("operands"))]
+    if not users:
+        return None
+    taken = 0
+    for user in users:
+        if user.group("opcode") in SLICING and _operands(user.group("operands"))[0] == name:
+            taken += _elements(user.group("shape"))
+        elif user.group("opcode") in PASS_THROUGH and (inner := _sliced_elements(user.group("name"), called)) is not None:
+            taken += inner
+        else:
+            return None
+    return taken
+
+
 def _fused_operand_bytes(called: list[re.Match], sizes: list[int]) -> list[int]:
-    """Bytes a fusion reads of each operand: all of it, or only the slices its parameter feeds
-    (when every user of that parameter inside the fusion is a gather or dynamic-slice of it)."""
-    params = {int(m.group("operands")): m.group("name") for m in called if m.group("opcode") == "parameter"}
+    """Bytes a fusion reads of each operand: all of it, or only the slices its parameter feeds."""
+    params = {int(m.group("operands")): m for m in called if m.group("opcode") == "parameter"}
     out = []
     for index, size in enumerate(sizes):
-        name = params.get(index)
-        users = [m for m in called if name is not None and name in _operands(m.group("operands"))]
-        if users and all(m.group("opcode") in SLICING and _operands(m.group("operands"))[0] == name for m in users):
-            size = min(size, sum(shape_bytes(m.group("shape")) for m in users))
+        param = params.get(index)
+        taken = _sliced_elements(param.group("name"), called) if param is not None else None
+        if taken is not None:
+            size = min(size, taken * size // max(1, _elements(param.group("shape"))))
         out.append(size)
     return out
 
@@ -126,39 +157,53 @@ def _read_bytes(line: re.Match, called: list[re.Match] | None, sizes: dict[str, 
     return sum(operands)
 
 
-def traffic(text: str) -> dict[str, int]:
-    """Bytes each instruction class of the module's entry computation reads and writes, and ``total``."""
-    entry, computations = _computations(text)
+def _add_traffic(computation: str, computations: dict[str, list[re.Match]], out: Counter) -> None:
+    """Add what ``computation``'s instructions move to ``out``; a ``call`` (XLA's CPU backend outlines
+    parallel work into them) moves what the computation it calls moves."""
     sizes: dict[str, int] = {}
-    out: Counter = Counter({name: 0 for name in CLASSES})
-    for line in computations.get(entry, []):
+    for line in computations.get(computation, []):
         name, opcode = line.group("name"), line.group("opcode")
         sizes[name] = shape_bytes(line.group("shape"))
         if opcode in FREE:
             continue
+        if opcode == "call":
+            target = _TO_APPLY.search(line.group("attrs"))
+            if target is not None and target.group(1) in computations and target.group(1) != computation:
+                _add_traffic(target.group(1), computations, out)
+                continue
         calls = _CALLS.search(line.group("attrs"))
         called = computations.get(calls.group(1)) if opcode == "fusion" and calls else None
         moved = _in_place_bytes(line, called, sizes)
         if moved is None:
             moved = sizes[name] + _read_bytes(line, called, sizes)
         out[_class_of(opcode, called)] += moved
+
+
+def traffic(text: str) -> dict[str, int]:
+    """Bytes each instruction class of the module's entry computation reads and writes, and ``total``."""
+    entry, computations = _computations(text)
+    out: Counter = Counter({name: 0 for name in CLASSES})
+    _add_traffic(entry, computations, out)
     result = {name: out[name] for name in CLASSES}
     result["total"] = sum(result.values())
     return result
 
 
-def minimum_decode_bytes(weight_bytes: int, store: KVStoreSpec, context: int, batch: int, dtype_bytes: int) -> int:
-    """The least a decode step at ``context`` moves on one device: weights + attended K/V + new rows."""
-    return weight_bytes + store.attended_bytes(context, batch, dtype_bytes) + store.row_bytes(batch, dtype_bytes)
+def minimum_decode_bytes(weight_bytes: int, store: KVStoreSpec, context: int, batch: int, dtype_bytes: int,
+                         readers: dict[int, int] | None = None) -> int:
+    """The least a decode step at ``context`` moves on one device: weights + the K/V every attending
+    layer reads (``readers``: see :meth:`~neuron_port.graph.kv.KVStoreSpec.attended_bytes`) + new rows."""
+    attended = store.attended_bytes(context, batch, dtype_bytes, readers)
+    return weight_bytes + attended + store.row_bytes(batch, dtype_bytes)
 
 
 def decode_cost(moved: dict[str, int], weight_bytes: int, store: KVStoreSpec, context: int, batch: int,
-                dtype_bytes: int) -> dict[str, Any]:
+                dtype_bytes: int, readers: dict[int, int] | None = None) -> dict[str, Any]:
     """``{bytes, minimum_bytes, ratio, by_class, context}`` of one decode step whose :func:`traffic` is
     ``moved`` (per device: ``weight_bytes`` and ``store`` are one device's)."""
     if weight_bytes <= 0:
         raise ValueError(f"weight_bytes must be positive, found {weight_bytes}")
-    minimum = minimum_decode_bytes(weight_bytes, store, context, batch, dtype_bytes)
+    minimum = minimum_decode_bytes(weight_bytes, store, context, batch, dtype_bytes, readers)
     return {"bytes": moved["total"], "minimum_bytes": minimum, "ratio": round(moved["total"] / minimum, 4),
             "by_class": {name: moved[name] for name in CLASSES}, "context": context}
 

@@ -222,7 +222,8 @@ class XlaBackend:
 
     name = "xla"
     static_batch = True  # a new batch would be a new graph shape: a new compile
-    inplace_kv_writes = False  # one-hot writes in the graph; the store is written back outside it
+    inplace_kv_writes = False  # the graph returns the store; it is written back outside it
+    row_kv_writes = True  # decode scatters its new rows into the aliased store (graph.kv.row_write)
     inference_mode = False
 
     def __init__(self, setup=None):
@@ -247,7 +248,8 @@ class XlaBackend:
         self.weight_bytes_to_device = 0  # parameters and buffers of every model moved to the device
         self.ran: dict[str, int] = {}  # graph name -> KV tensors it takes, for every graph that ran
         self.resident: set[int] = set()  # the store tensors the last step left on the device
-        self.decode_graphs: dict[str, tuple[Any, int, int, int]] = {}  # name -> (store spec, batch, weight bytes, dtype bytes)
+        # decode graph name -> (store spec, batch, weight bytes, dtype bytes, readers of each owner's K/V)
+        self.decode_graphs: dict[str, tuple[Any, int, int, int, dict[int, int]]] = {}
 
     def place_kv(self, tensor: torch.Tensor) -> torch.Tensor:
         """A store tensor moved to the device, split by KV head over the mesh at tp > 1."""
@@ -280,15 +282,16 @@ class XlaBackend:
             self.decode_graphs[name] = (graph.spec, example_inputs[0].shape[0], *self._device_weight_bytes(graph.model))
         return XlaRunner(self, name, graph, len(aliases))
 
-    def _device_weight_bytes(self, model: nn.Module) -> tuple[int, int]:
-        """(the weight bytes one device must read per decode step, bytes per element): the planner's
-        per-core count (:mod:`neuron_port.parallel.per_core`) at this backend's degree."""
+    def _device_weight_bytes(self, model: nn.Module) -> tuple[int, int, dict[int, int]]:
+        """(the weight bytes one device must read per decode step, bytes per element, the layers
+        reading each owner's K/V): the planner's per-core count (:mod:`neuron_port.parallel.per_core`)
+        at this backend's degree."""
         from neuron_port.model.layout import describe
         from neuron_port.parallel.per_core import device_params_per_core
 
         layout = self.setup.layout if self.setup is not None else describe(model)
         dtype_bytes = next(model.parameters()).element_size()
-        return device_params_per_core(layout, model.config, self.devices) * dtype_bytes, dtype_bytes
+        return device_params_per_core(layout, model.config, self.devices) * dtype_bytes, dtype_bytes, layout.kv_readers()
 
     def decode_cost(self) -> dict[str, Any] | None:
         """The traffic of the longest decode graph whose HLO was seen, against the least a decode step at
@@ -299,8 +302,8 @@ class XlaBackend:
         if not observed:
             return None
         name = max(observed, key=lambda n: self.decode_graphs[n][0].kv_len)
-        spec, batch, weight_bytes, dtype_bytes = self.decode_graphs[name]
-        return {"graph": name, **decode_cost(seen[name], weight_bytes, spec, spec.kv_len, batch, dtype_bytes)}
+        spec, batch, weight_bytes, dtype_bytes, readers = self.decode_graphs[name]
+        return {"graph": name, **decode_cost(seen[name], weight_bytes, spec, spec.kv_len, batch, dtype_bytes, readers)}
 
     def report(self) -> dict[str, Any]:
         """What the lowering of every graph run so far looked like (see :class:`LoweringRecorder`),

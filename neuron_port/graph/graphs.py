@@ -27,7 +27,7 @@ from torch import nn
 
 from neuron_port.families import family_of
 from neuron_port.graph import attention
-from neuron_port.graph.kv import KVStoreSpec, onehot_write, scatter_write_
+from neuron_port.graph.kv import KVStoreSpec, onehot_write, row_write, scatter_write_
 from neuron_port.graph.shapes import StoreShapes
 from neuron_port.graph.step import kv_aliases
 
@@ -41,7 +41,7 @@ class OneHotCache:
     """
 
     def __init__(self, spec: KVStoreSpec, kv: tuple[torch.Tensor, ...], writes: dict[str, torch.Tensor], prefill: bool,
-                 inplace: bool = False):
+                 inplace: bool = False, rows: bool = False):
         n = len(spec.slots)
         self.index = {slot.layer: j for j, slot in enumerate(spec.slots)}
         self.kinds = {slot.layer: slot.attention for slot in spec.slots}
@@ -50,12 +50,13 @@ class OneHotCache:
         self.writes = writes
         self.prefill = prefill
         self.inplace = inplace and not prefill
+        self.rows = rows and not prefill
         self.is_compileable = False
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         j = self.index[layer_idx]
         write = self.writes[self.kinds[layer_idx]]
-        store = scatter_write_ if self.inplace else onehot_write
+        store = scatter_write_ if self.inplace else row_write if self.rows else onehot_write
         self.keys[j] = store(self.keys[j], key_states, write)
         self.values[j] = store(self.values[j], value_states, write)
         if self.prefill:
@@ -97,6 +98,9 @@ class StaticLMGraph(nn.Module):
         # Decode KV writes in place (scatter) instead of one-hot blends: set by backends that
         # allow it (CPU), never for Neuron graphs.
         self.inplace_kv_writes = False
+        # Decode KV writes of the new rows only (a scatter returning the store): set by backends
+        # that keep the store aliased on the device, so the rows are updated where they lie.
+        self.row_kv_writes = False
         layers = self.family.decoder_layers(model)
         self._expanded: list[tuple[nn.Module, str]] = []
         for index, matrix in sorted((kv_expand or {}).items()):
@@ -127,7 +131,7 @@ class StaticLMGraph(nn.Module):
         *kv: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         cache = OneHotCache(self.spec, kv, {"full": write_full, "sliding": write_sliding}, self.prefill,
-                            self.inplace_kv_writes)
+                            self.inplace_kv_writes, self.row_kv_writes)
         extra = self.family.text_model_extra_inputs(per_layer) if self.has_ple else {}
         out = self.family.text_model(self.model)(
             inputs_embeds=inputs_embeds,

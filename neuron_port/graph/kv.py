@@ -2,10 +2,12 @@
 
 Only layers that own K/V allocate a buffer; KV-shared layers read their source layer's
 buffer. Full-attention owners hold ``kv_len`` slots; sliding owners hold a ring of
-``window`` slots (position ``p`` lives in slot ``p % window``). Every write is a one-hot
-blend — ``buf * (1 - hit) + onehot @ new`` — with no scatter and no data-dependent indexing,
-so the same code traces into a static device graph.
-
+``window`` slots (position ``p`` lives in slot ``p % window``). A write takes a one-hot map of
+the slots each step writes, built on the host, so the same code traces into one static device
+graph. Prefill writes are one-hot blends — ``buf * (1 - hit) + onehot @ new``. A decode write is
+the blend too (:func:`onehot_write`, a select over the whole store), or, where the backend keeps
+the store aliased on the device, a scatter of the new rows at the slot the map selects
+(:func:`row_write`), or an in-place scatter on a backend that allows one (:func:`scatter_write_`).
 Buffers are ``[batch, n_kv, slots, head_dim]``; one K and one V buffer per owner layer.
 """
 
@@ -56,15 +58,18 @@ class KVStoreSpec:
     def total_bytes(self, batch: int = 1, dtype_bytes: int = 2) -> int:
         return sum(self.bytes_per_layer(batch, dtype_bytes).values())
 
-    def attended_bytes(self, context: int, batch: int = 1, dtype_bytes: int = 2) -> int:
+    def attended_bytes(self, context: int, batch: int = 1, dtype_bytes: int = 2,
+                       readers: dict[int, int] | None = None) -> int:
         """K plus V bytes a decode step at ``context`` positions must read: every full owner's
-        ``min(context, slots)`` positions, every sliding owner's last ``min(context, window)``."""
+        ``min(context, slots)`` positions, every sliding owner's last ``min(context, window)``, once
+        per layer that attends it (``readers``: owner layer -> layers attending it, from
+        :meth:`~neuron_port.model.layout.Layout.kv_readers`; default once each)."""
         total = 0
         for s in self.slots:
             held = min(context, s.slots)
             if s.attention == "sliding" and self.window is not None:
                 held = min(held, self.window)
-            total += 2 * batch * s.n_kv * held * s.head_dim * dtype_bytes
+            total += 2 * batch * s.n_kv * held * s.head_dim * dtype_bytes * (readers or {}).get(s.layer, 1)
         return total
 
     def row_bytes(self, batch: int = 1, dtype_bytes: int = 2) -> int:
@@ -114,6 +119,34 @@ class KVStore:
     def grow(self, new: KVStoreSpec, last_position: torch.Tensor) -> KVStore:
         """This store copied into the larger ``new`` spec (see :func:`grow`)."""
         return KVStore.from_tensors(new, grow(self.tensors(), self.spec, new, last_position))
+
+    def prefix(self, spec: KVStoreSpec) -> KVStore:
+        """This store seen at a shorter KV length: views of each buffer's first ``spec`` slots, no copy.
+
+        Valid because every position a store at ``spec.kv_len`` can hold sits in the same slot in
+        this one: a full owner holds position ``p`` at slot ``p``; a sliding owner that is a ring
+        here and full-length in ``spec`` (``spec.kv_len <= window``) holds ``p < window`` at
+        ``p % window = p``; two rings are the same ring. A decode graph at ``spec.kv_len`` run on
+        the views reads and writes this store's rows (write its answer back with
+        :meth:`write_prefix`), so decode buckets by length share one store.
+        """
+        if spec.owners != self.spec.owners:
+            raise ValueError(f"a prefix has this store's owners {self.spec.owners}, found {spec.owners}")
+        views = []
+        for tensor, (mine, theirs) in zip(self.tensors(), [*zip(self.spec.slots, spec.slots, strict=True)] * 2, strict=True):
+            if theirs.slots > mine.slots or (theirs.ring and (not mine.ring or theirs.slots != mine.slots)):
+                raise ValueError(f"layer {mine.layer}: {theirs.slots} slots ({'ring' if theirs.ring else 'full length'}) "
+                                 f"are not a prefix of {mine.slots} ({'ring' if mine.ring else 'full length'})")
+            views.append(tensor[:, :, : theirs.slots])
+        return KVStore.from_tensors(spec, views)
+
+    def write_prefix(self, answer: KVStore) -> None:
+        """Copy a step's answer on :meth:`prefix` views back into this store (nothing to copy for a
+        tensor the step wrote in place)."""
+        for tensor, new in zip(self.tensors(), answer.tensors(), strict=True):
+            view = tensor[:, :, : new.shape[2]]
+            if new.data_ptr() != view.data_ptr() or new.stride() != view.stride():
+                view.copy_(new)
 
     def to(self, device: torch.device | str) -> KVStore:
         return KVStore(self.spec, tuple(k.to(device) for k in self.keys), tuple(v.to(device) for v in self.values))
@@ -174,6 +207,24 @@ def onehot_write(buf: torch.Tensor, new: torch.Tensor, onehot: torch.Tensor) -> 
 
 
 
+def row_write(buf: torch.Tensor, new: torch.Tensor, onehot: torch.Tensor) -> torch.Tensor:
+    """Decode write of the new rows only: ``buf`` with ``new[b, :, 0]`` at row ``b``'s selected slot.
+
+    buf: [batch, heads, slots, head_dim]; new: [batch, heads, 1, head_dim]; onehot: [batch, 1, slots]
+    with at most one 1 per row. Returns a new tensor equal to :func:`onehot_write`'s: a row that
+    selects no slot writes back what its slot 0 held. The slot is found on the device (argmax of
+    the map) and written by ``scatter`` along the sequence, the decode write NxD Inference uses
+    (its ``kv_cache_manager``); a backend that aliases the store updates those rows where they lie,
+    so a step moves its new rows instead of reading and rewriting the whole store.
+    """
+    b, h, _, d = buf.shape
+    picked = onehot[:, 0, :]  # [batch, slots]
+    index = picked.argmax(dim=-1).view(b, 1, 1, 1).expand(b, h, 1, d)
+    hit = (picked.amax(dim=-1) > 0).view(b, 1, 1, 1)
+    row = torch.where(hit, new.to(buf.dtype), buf.gather(2, index))  # [batch, heads, 1, head_dim]
+    return buf.scatter(2, index, row)
+
+
 def scatter_write_(buf: torch.Tensor, new: torch.Tensor, onehot: torch.Tensor) -> torch.Tensor:
     """Decode write done in place: ``buf[b, :, slot_b] = new[b, :, 0]`` for each row's one slot.
 
@@ -218,4 +269,5 @@ def grow(
     return out
 
 
-__all__ = ["KVSlotSpec", "KVStoreSpec", "KVStore", "kv_store_spec", "naive_kv_bytes", "onehot_write", "scatter_write_", "grow"]
+__all__ = ["KVSlotSpec", "KVStoreSpec", "KVStore", "kv_store_spec", "naive_kv_bytes", "onehot_write", "row_write",
+           "scatter_write_", "grow"]

@@ -57,15 +57,18 @@ def compile_graphs(graphs: GraphSet, backend: Any, examples: Examples, batch: in
     """Compile every graph with ``backend.compile(graph, example inputs, aliases)``.
 
     Decode graphs write K/V in place when the backend says it allows that
-    (``backend.inplace_kv_writes``). Graphs compiled by a static-shape backend
+    (``backend.inplace_kv_writes``), or write their new rows only by a scatter that returns the store
+    when the backend keeps the store aliased (``backend.row_kv_writes``). Graphs compiled by a static-shape backend
     (``backend.static_batch``, true unless the backend says otherwise) take exactly ``batch``
     rows from then on.
     """
     inplace = bool(getattr(backend, "inplace_kv_writes", False))
+    rows = bool(getattr(backend, "row_kv_writes", False))
     jobs = [("prefill", b, g) for b, g in graphs.prefill.items()] + [("decode", kv, g) for kv, g in graphs.decode.items()]
     out: dict[str, dict[int, Runnable]] = {"prefill": {}, "decode": {}}
     for kind, size, graph in tqdm(jobs, desc=desc, unit="graph", leave=False, disable=len(jobs) < 2):
         graph.inplace_kv_writes = inplace and kind == "decode"
+        graph.row_kv_writes = rows and kind == "decode"
         inputs, store = examples(kind, size, batch)
         out[kind][size] = backend.compile(graph, [*inputs, *store.tensors()], graph.aliases)
     static = getattr(backend, "static_batch", True)

@@ -101,6 +101,14 @@ class Layout:
     def owner_specs(self) -> list[LayerSpec]:
         return [self.layers[i] for i in self.kv_owners]
 
+    def kv_readers(self) -> dict[int, int]:
+        """KV owner -> how many layers attend its K/V (itself and the layers sharing it): each of
+        them reads it once per decode step, so sharing saves memory, not traffic."""
+        readers = dict.fromkeys(self.kv_owners, 0)
+        for spec in self.layers:
+            readers[spec.kv_source] += 1
+        return readers
+
 
 
 def count_params(config: Any, family: DecoderFamily | None = None) -> ParamAccount:

@@ -121,6 +121,10 @@ def test_the_minimum_is_weights_attended_kv_and_new_rows():
     assert store.attended_bytes(64, batch=3, dtype_bytes=2) == 3 * 2 * (2 * 64 * 4 + 1 * 16 * 8) * 2
     assert store.row_bytes(batch=3, dtype_bytes=4) == 3 * 2 * (2 * 4 + 8) * 4
     assert minimum_decode_bytes(1000, store, 64, 1, 2) == 1000 + store.attended_bytes(64, 1, 2) + store.row_bytes(1, 2)
+    # a layer sharing the full owner's K/V reads it as well: three readers read it three times
+    shared = store.attended_bytes(64, 1, 2, readers={0: 3, 1: 1})
+    assert shared == store.attended_bytes(64, 1, 2) + 2 * (2 * 2 * 64 * 4 * 2)
+    assert minimum_decode_bytes(1000, store, 64, 1, 2, {0: 3, 1: 1}) == 1000 + shared + store.row_bytes(1, 2)
 
 
 def test_decode_cost_sets_the_traffic_against_the_minimum():

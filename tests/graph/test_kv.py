@@ -1,14 +1,18 @@
-"""The KV store: one-hot writes equal index assignment, the in-place decode write equals the blend, rings hold
-the sliding window."""
+"""The KV store: one-hot writes equal index assignment, the decode row write and the in-place decode write equal
+the blend, rings hold the sliding window."""
 
 
+import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.models.gemma4.modeling_gemma4 import sliding_window_mask_function
 
 from neuron_port.graph import masks
-from neuron_port.graph.kv import onehot_write, scatter_write_
+from neuron_port.graph.kv import KVSlotSpec, KVStore, KVStoreSpec, onehot_write, row_write, scatter_write_
+from neuron_port.graph.port import Port
+from neuron_port.graph.shapes import PortShape
+from neuron_port.graph.step import run_step
 
 
 @given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 12), st.integers(1, 5), st.data())
@@ -40,6 +44,22 @@ def test_in_place_decode_write_equals_the_onehot_blend(batch, heads, slots, data
     assert out is buf and torch.equal(out, expected)
 
 
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 12), st.data())
+def test_the_row_write_equals_the_onehot_blend(batch, heads, slots, data):
+    """Each row writes its one slot, or none (a row whose map is empty keeps its store as it was)."""
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 999)))
+    buf = torch.randn(batch, heads, slots, 4, generator=g, dtype=torch.float64)
+    new = torch.randn(batch, heads, 1, 4, generator=g, dtype=torch.float64)
+    onehot = torch.zeros(batch, 1, slots, dtype=torch.float64)
+    for b in range(batch):
+        slot = data.draw(st.integers(-1, slots - 1))
+        if slot >= 0:
+            onehot[b, 0, slot] = 1
+    before = buf.clone()
+    out = row_write(buf, new, onehot)
+    assert torch.equal(out, onehot_write(buf, new, onehot)) and torch.equal(buf, before)  # a new tensor
+
+
 @given(st.integers(1, 9), st.integers(1, 60), st.integers(0, 40))
 def test_ring_slots_hold_exactly_the_hf_sliding_window(window, prompt_len, decode_steps):
     """Prefill writes + decode writes into a ring reproduce HF's sliding visibility at every step."""
@@ -58,3 +78,44 @@ def test_ring_slots_hold_exactly_the_hf_sliding_window(window, prompt_len, decod
         visible = {int(p) for p, ok in zip(held, m[0, 0, 0] == 0, strict=True) if ok}
         expected = {k for k in range(t + 1) if bool(hf_visible(0, 0, t, k))}
         assert visible == expected
+
+
+@pytest.fixture(scope="module")
+def tiny_e2b_port_64(tiny_e2b):
+    """Eager graphs over the tiny E2B at KV lengths 8, 16, 32 and 64."""
+    return Port.over_model(tiny_e2b, PortShape([8], [8, 16, 32, 64]))
+
+
+@given(st.sampled_from([(5, 8), (7, 8), (4, 16), (12, 32), (20, 64)]), st.data())
+@settings(max_examples=12, deadline=None)
+def test_a_decode_step_on_a_prefix_is_the_step_on_the_whole_store(tiny_e2b_port_64, lengths, data):
+    """The tiny E2B's window is 8: a short store (full-length sliding owners below the window, a ring
+    above it) viewed in a longer one gives the longer graph's logits and writes the same rows."""
+    position, short = lengths
+    port = tiny_e2b_port_64
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 999)))
+    big = KVStore.from_tensors(port.stores.specs[64], [torch.randn(t.shape, generator=g)
+                                                       for t in port.inputs.new_store(2, 64).tensors()])
+    tokens, positions = torch.tensor([5, 11]), torch.tensor([position, position - 3])
+    with torch.no_grad():
+        want_logits, want = run_step(port.runners.decode[64], port.inputs.decode_fresh(tokens, positions, 64), big)
+        views = big.prefix(port.stores.specs[short])
+        assert all(v.data_ptr() == t.data_ptr() for v, t in zip(views.tensors(), big.tensors(), strict=True))  # no copy
+        got_logits, answer = run_step(port.runners.decode[short], port.inputs.decode_fresh(tokens, positions, short), views)
+    big.write_prefix(answer)
+    # tolerance: relative to the largest logit (a softmax over 8 slots or over 64 with the rest masked
+    # sums in another order); a wrong slot or mask is off by the size of the logits themselves
+    assert (got_logits - want_logits).abs().max() < 1e-4 * want_logits.abs().max()
+    for got, expected in zip(big.tensors(), want.tensors(), strict=True):
+        assert torch.allclose(got[:, :, :short], expected[:, :, :short], atol=1e-5, rtol=0)
+
+
+def test_a_prefix_must_be_one():
+    full = KVStoreSpec(64, 8, (KVSlotSpec(0, "full", 1, 4, 64, False), KVSlotSpec(1, "sliding", 1, 4, 8, True)))
+    store = KVStore.zeros(full, 1)
+    longer = KVStoreSpec(128, 8, (KVSlotSpec(0, "full", 1, 4, 128, False), KVSlotSpec(1, "sliding", 1, 4, 8, True)))
+    with pytest.raises(ValueError, match="layer 0: 128 slots"):
+        store.prefix(longer)
+    other = KVStoreSpec(32, 8, (KVSlotSpec(0, "full", 1, 4, 32, False),))
+    with pytest.raises(ValueError, match="owners"):
+        store.prefix(other)

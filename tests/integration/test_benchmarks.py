@@ -48,9 +48,10 @@ def test_every_benchmark_has_a_smoke_test_and_a_readme_entry():
     readme = (ROOT / "benchmarks" / "README.md").read_text()
     for script in SCRIPTS:
         assert script in readme, f"benchmarks/README.md does not describe {script}"
-    # xla_lowering.py needs torch-xla: its smoke test is in tests/xla/test_xla_port.py (the xla virtualenv)
+    # xla_lowering.py and decode_cost.py need torch-xla: their smoke tests are in tests/xla/test_xla_port.py
+    # (the xla virtualenv)
     tested = {"host_overhead.py", "decode_vs_hf.py", "kv_memory.py", "slim_rss.py", "host_step.py", "cpu_backend.py",
-              "xla_lowering.py", "serve_load.py", "bf16_accuracy.py", "weights_once.py", "nxd_build_memory.py",
+              "xla_lowering.py", "decode_cost.py", "serve_load.py", "bf16_accuracy.py", "weights_once.py", "nxd_build_memory.py",
               "lm_eval_parity.py"}
     assert set(SCRIPTS) <= tested, f"no smoke test for {set(SCRIPTS) - tested}"
 

@@ -501,7 +501,6 @@ UNIT_TESTS_TO_WRITE = {
     "checks.validation", "checks.xla_lint",
     "cli.recipe",
     "families.decoder", "families.parts", "families.plugins",
-    "graph.graphs", "graph.host_inputs", "graph.runners", "graph.scratch",
     "model.pretrained",
     "serve.app", "serve.http", "serve.loading", "serve.lockstep",
 }

@@ -39,6 +39,13 @@ def test_describe_e2b_real():
     assert p["per_layer_embedding"] == 262144 * 35 * 256
 
 
+def test_kv_readers_count_every_layer_attending_an_owner():
+    """E2B: the 20 shared layers attend layer 14 (the 4 full ones) or 13 (the 16 sliding ones)."""
+    readers = describe(load_config("gemma-4-e2b")).kv_readers()
+    assert readers == {**dict.fromkeys(range(13), 1), 13: 17, 14: 5}
+    assert sum(readers.values()) == 35
+
+
 def test_describe_e4b_real():
     d = _describe_json("gemma-4-e4b")
     assert d["num_layers"] == 42

@@ -90,12 +90,15 @@ def test_logits_of_every_step_match_and_the_store_grows_on_the_device(tiny_e2b):
     assert (ours - theirs).abs().max() / theirs.abs().max() < 1e-4  # tolerance: relative to the largest logit
     assert "kv_grow_to_48" in report["compile_s"] and report["aliased_buffers"]["decode_48"] == report["kv_tensors"]["decode_48"]
     # the decode cost: the longest decode graph's traffic against the least a step at 48 positions moves,
-    # counted here from the model itself (every device weight once in fp32, the whole store, one new row)
+    # counted here from the model itself (every device weight once in fp32, the whole store once per
+    # layer attending it, one new row per owner)
     cost, layout = report["decode_cost"], describe(tiny_e2b)
     weights = device_params_per_core(layout, tiny_e2b.config, 1) * 4
     kv = kv_store_spec(layout, 48)
     assert cost["graph"] == "decode_48" and cost["context"] == 48
-    assert cost["minimum_bytes"] == weights + kv.total_bytes(1, 4) + kv.row_bytes(1, 4)
+    readers = {owner: sum(spec.kv_source == owner for spec in layout.layers) for owner in layout.kv_owners}
+    attended = sum(slot.bytes(1, 4) * readers[slot.layer] for slot in kv.slots)
+    assert cost["minimum_bytes"] == weights + attended + kv.row_bytes(1, 4)
     assert cost["bytes"] == report["hlo_traffic"]["decode_48"]["total"] >= cost["minimum_bytes"]
     assert cost["by_class"]["dot"] >= weights  # every weight goes through a matmul once
 
@@ -153,3 +156,16 @@ def test_xla_lowering_benchmark_smoke():
     assert tiny["tokens_equal"] and tiny["port"]["cold"]["uncached_compiles"] == 2
     assert tiny["port"]["warm"]["uncached_compiles"] == 0
     assert tiny["hf_static_cache"]["cold"]["uncached_compiles"] > 0 and tiny["ratio_hf_over_port"]["ms_per_token_warm"] > 0
+
+
+def test_decode_cost_benchmark_smoke():
+    """The row write moves fewer bytes than the blend it replaced, and both fewer than Hugging Face's
+    static-cache decode; nothing moves less than the minimum."""
+    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_cost.py"), "--smoke", "--json"],
+                          capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [row] = json.loads(proc.stdout)["results"]
+    assert row["model"] == "gemma-4-e2b" and row["context"] == 4096
+    assert 1 <= row["ratio"] < row["blend_ratio"] < row["hf_ratio"]
+    assert row["bytes"] >= row["minimum_bytes"] and row["by_class"]["kv_write"] > 0 == row["blend_by_class"]["kv_write"]
