@@ -1,7 +1,9 @@
 """Continuous batching on the static graphs: a fixed number of slots, requests join and leave at step boundaries.
 
 The decode graph runs on ``slots`` rows over one KV store at the port's largest KV length; each
-row is a slot with its own KV rows, position, sampler and stop state. At a step boundary,
+step runs the decode graph of the shortest KV length that holds every active slot's position, on a
+prefix of that store (:meth:`~neuron_port.graph.kv.KVStore.prefix`), so short requests read a short
+store. Each row is a slot with its own KV rows, position, sampler and stop state. At a step boundary,
 :meth:`SlotBatch.admit` puts waiting requests into free slots: one prefill call fills a fresh
 store with the new prompts, whose rows are copied into the running store at their slots (grown to
 its KV length first when the prefill wrote a shorter one). Compiled graphs take only their own
@@ -166,18 +168,30 @@ class SlotBatch:
         for dst, src in zip(self.store.tensors(), fresh.tensors(), strict=True):
             dst.index_copy_(0, dst_index.to(dst.device), src.index_select(0, src_index.to(src.device)))
 
+    def decode_length(self, active: Sequence[int]) -> int:
+        """The shortest KV length of the port that holds every active slot's next position."""
+        needed = int(self.positions[list(active)].max()) + 1
+        return min((kv for kv in self.port.runners.decode if kv >= needed), default=self.kv_len)
+
     def step(self) -> list[Outcome]:
-        """One decode step of every slot; the events of the active ones."""
+        """One decode step of every slot, at the shortest KV length holding the active ones (the
+        graph runs on a prefix of the one store); the events of the active ones."""
         active = self.active
         if not active or self.store is None:
             return []
         with self.mode():
             t0 = time.perf_counter()
-            steps = torch.clamp(self.positions, max=self.kv_len - 1)
-            inputs = self.port.inputs.decode(self.tokens, steps, self.kv_len)
+            kv = self.decode_length(active)
+            steps = torch.clamp(self.positions, max=kv - 1)  # a waiting slot's stale position stays in range
+            inputs = self.port.inputs.decode(self.tokens, steps, kv)
+            store = self.store if kv == self.kv_len else self.store.prefix(self.port.stores.specs[kv])
             host = time.perf_counter() - t0
             g0 = time.perf_counter()
-            logits, self.store = run_step(self.port.runners.decode[self.kv_len], inputs, self.store)
+            logits, answer = run_step(self.port.runners.decode[kv], inputs, store)
+            if kv == self.kv_len:
+                self.store = answer
+            else:
+                self.store.write_prefix(answer)
             graph = time.perf_counter() - g0
             self.positions[active] += 1
             return self._advance(active, [logits[s] for s in active], 1e3 * host, 1e3 * graph)

@@ -129,3 +129,19 @@ def test_compiled_slots_admit_while_others_decode_and_reuse_freed_slots(port):
     for i, (_, prompt, params) in enumerate(schedule):
         assert together[i] == run_slot_schedule(compiled, [(0, prompt, params)], SLOTS)[0], f"request {i}"
     assert together[0] == reference_generate(model, schedule[0][1], 10)["tokens"]
+
+
+def test_a_request_crossing_a_kv_length_decodes_short_then_long_as_hugging_face_does(port, monkeypatch):
+    """Steps decode at the shortest KV length holding every active slot (a prefix of the one store):
+    48 while the positions fit, then 96; the tokens stay Hugging Face's."""
+    import neuron_port.generation.slots as continuous
+
+    port, model = port
+    lengths = []
+    chosen = continuous.SlotBatch.decode_length
+    monkeypatch.setattr(continuous.SlotBatch, "decode_length",
+                        lambda self, active: lengths.append(chosen(self, active)) or lengths[-1])
+    prompt = [2] + list(range(100, 130))  # 31 tokens: positions 31..60 cross 48
+    alone = run_slot_schedule(port, [(0, prompt, GenerationParams(30))], SLOTS)[0]
+    assert alone == reference_generate(model, prompt, 30)["tokens"]
+    assert lengths[0] == 48 and lengths[-1] == 96 and lengths == sorted(lengths)
