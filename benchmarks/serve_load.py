@@ -3,7 +3,9 @@
 Two servers in turn (``neuron-port serve gemma-4-e2b --tiny --max-batch 4``, ``--batching
 continuous`` then ``--batching static``), each driven by the same seeded mix of streamed
 completion requests (prompts of 4 to 24 tokens; 8, 16, 64 or 128 new tokens, greedy, EOS
-ignored). At each concurrency level every client sends its requests one after another. Per
+ignored). Each server first answers a warm-up round (one request of every length, not counted:
+TorchScript optimizes a graph over its first runs, which would otherwise land on the first level).
+At each concurrency level every client sends its requests one after another. Per
 level: aggregate generated tokens per second (over the wall time of the level), and p50 / p99 of
 the time to first token and of the latency; ratios static / continuous for the first-token time.
 
@@ -75,8 +77,11 @@ def run_mode(batching: str, levels: list[int], smoke: bool) -> dict:
     srv = ServerProcess(MODEL, "--tiny", "--max-batch", "4", "--max-queue", "256", "--batching", batching)
     try:
         out = {}
+        warm = [[{**body, "max_tokens": n} for n in ((4, 8) if smoke else LENGTHS)]
+                for body in requests_for(1, 1, 99, smoke)[0]]
+        asyncio.run(level(srv.base, warm))
         for clients in levels:
-            per_client = 1 if clients >= 64 else (2 if clients >= 16 else 4)
+            per_client = 1 if clients >= 64 else (2 if clients >= 16 else (4 if clients >= 4 else 8))
             out[str(clients)] = asyncio.run(level(srv.base, requests_for(clients, per_client, 0, smoke)))
         return out
     finally:
