@@ -1,5 +1,5 @@
-"""The parts of the XLA path that need no torch-xla: HLO text parsing, lint findings, the SPMD
-layout of a shard plan, and the transformers version gate."""
+"""The parts of the XLA path that need no torch-xla: HLO text parsing, the SPMD layout of a shard
+plan, and the transformers version gate (the lint findings are in tests/checks/test_xla_lint.py)."""
 
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from neuron_port import describe, load_config
 from neuron_port.backends.hlo_text import aliased_buffers, summarize
 from neuron_port.backends.spmd import COLUMN, ROW, spmd_model, weight_splits
 from neuron_port.checks.oracle import reference_generate
-from neuron_port.checks.xla_lint import findings_of
 from neuron_port.errors import ShardingError
 from neuron_port.families import family_for
 from neuron_port.generation.generate import generate
@@ -57,43 +56,6 @@ def test_alias_entries_are_counted_exactly(pairs):
     body = ", ".join(f"{{{o}}}: ({i}, {{}}, may-alias)" for o, i in pairs)
     text = f"HloModule m, input_output_alias={{ {body} }}, entry_computation_layout={{()->()}}\n" if pairs else "HloModule m\n"
     assert aliased_buffers(text) == len(pairs)
-
-
-def _report(**changes):
-    base = {
-        "graphs": 2,
-        "uncached_compiles": 2,
-        "cached_compiles": 30,
-        "fallback_ops": {},
-        "kv_tensors": {"prefill_32": 12, "decode_64": 12},
-        "aliased_buffers": {"prefill_32": 12, "decode_64": 12},
-        "hlo_opcodes": {"prefill_32": {"dot": 5}, "decode_64": {"dot": 5}},
-        "dynamic_dimensions": {},
-    }
-    return {**base, **changes}
-
-
-def _cost(ratio: float) -> dict:
-    return {"graph": "decode_64", "bytes": int(1000 * ratio), "minimum_bytes": 1000, "ratio": ratio,
-            "by_class": {"dot": 700, "kv_write": 0, "copy": int(1000 * ratio) - 900, "all_reduce": 0, "elementwise": 200},
-            "context": 64}
-
-
-def test_lint_findings_name_each_problem_and_nothing_on_a_clean_report():
-    assert findings_of(_report()) == []
-    assert findings_of(_report(decode_cost=_cost(ratio=1.3))) == []  # at the bound: no warning
-    [traffic] = findings_of(_report(decode_cost=_cost(ratio=1.9)))
-    assert traffic.severity == "warning" and not traffic.failed and "copy" in traffic.detail
-    cases = {
-        "xla-recompiles": _report(uncached_compiles=9),
-        "xla-fallback": _report(fallback_ops={"aten::nonzero": 3}),
-        "kv-not-aliased": _report(aliased_buffers={"prefill_32": 12, "decode_64": 0}),
-        "neuron-rejected-hlo": _report(hlo_opcodes={"prefill_32": {"while": 1}, "decode_64": {}}),
-        "dynamic-shape": _report(dynamic_dimensions={"decode_64": 2}),
-        "decode-traffic": _report(decode_cost=_cost(ratio=1.9)),
-    }
-    for rule, report in cases.items():
-        assert [f.name for f in findings_of(report)] == [rule]
 
 
 # ---- the SPMD layout of a shard plan -----------------------------------------------------------
