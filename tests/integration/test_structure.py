@@ -500,8 +500,7 @@ UNIT_TESTS_TO_WRITE = {
     "checks.validation",
     "cli.recipe",
     "families.decoder", "families.plugins",
-    "model.pretrained",
-    "serve.app", "serve.http", "serve.loading", "serve.lockstep",
+    "serve.app", "serve.loading", "serve.lockstep",
 }
 
 
