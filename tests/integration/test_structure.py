@@ -498,8 +498,6 @@ TOP_LEVEL_TEST_FILES = {"__init__.py", "conftest.py", "helpers.py"}
 # integration tests). The list only shrinks: a new module comes with its unit tests.
 UNIT_TESTS_TO_WRITE = {
     "checks.validation",
-    "cli.recipe",
-    "families.decoder", "families.plugins",
     "serve.app", "serve.loading", "serve.lockstep",
 }
 

@@ -1,0 +1,36 @@
+"""The helpers every recipe shares: the standard options and their defaults, where an artifact goes,
+and a recipe's exit code following its checked run."""
+
+import argparse
+
+import pytest
+
+from neuron_port.cli import recipe
+
+
+def test_the_standard_options_and_their_defaults():
+    args = recipe.recipe_parser("x", tp=2).parse_args([])
+    assert (args.backend, args.tp, args.target, args.dtype, args.prompt_len, args.max_new_tokens) == (
+        "cpu", 2, "inf2.xlarge", "fp32", 24, 32)
+    assert not args.serve and args.model_dir is None and args.out is None
+    assert recipe.recipe_parser("x").parse_args([]).tp is None  # the planner decides
+    with pytest.raises(SystemExit):
+        recipe.recipe_parser("x").parse_args(["--backend", "tpu"])
+
+
+def test_the_artifact_goes_under_out_or_a_fresh_temporary_directory(tmp_path):
+    assert recipe.artifact_dir(argparse.Namespace(out=str(tmp_path)), "p-") == tmp_path / "artifact"
+    first = recipe.artifact_dir(argparse.Namespace(out=None), "p-")
+    second = recipe.artifact_dir(argparse.Namespace(out=None), "p-")
+    assert first.name == "artifact" and first.parent.name.startswith("p-") and first != second
+
+
+def test_a_recipe_fails_when_its_checked_run_does(monkeypatch, capsys):
+    run = {"artifact": "a", "backend": "cpu", "tp": 1, "new_tokens": 8, "decode_tok_per_s": 1.0, "seq_match": True,
+           "self_checks": [{"name": "logits", "status": "passed", "detail": "max 1e-6"}]}
+    monkeypatch.setattr("neuron_port.checks.validation.check_in_fresh_process", lambda *a: run)
+    args = argparse.Namespace(prompt_len=24, max_new_tokens=8, serve=False)
+    assert recipe.validate_then_serve("a", args) == 0
+    assert "SEQ_MATCH True" in capsys.readouterr().out
+    run["seq_match"] = False
+    assert recipe.validate_then_serve("a", args) == 1
