@@ -5,7 +5,9 @@ Formulas (all bytes; ``b`` = bytes per element of the dtype):
 * Device weights per core = (replicated parameters + sharded parameters / tp) x b, counted by
   :func:`neuron_port.parallel.per_core.device_params_per_core` (q/o and MLP split by tp, k/v by the
   KV heads each rank holds, the tied LM head replicated; embedding tables stay on the host unless
-  asked otherwise). Real parameter counts, never "effective" ones.
+  asked otherwise). Real parameter counts, never "effective" ones. ``quant="int8"`` (weight-only,
+  per output channel): the projections at one byte plus an fp32 scale per output channel on the
+  core; norms and the LM head stay at b.
 * A second graph: neuronx-distributed's ModelBuilder keeps one set of weights for all its keys
   (its NxDModel runs every bucket model over the same weights), which is the device path this
   library targets at every degree, and the CPU artifacts hold one weights file per rank; so the
@@ -40,7 +42,7 @@ from typing import Any
 
 from neuron_port.graph.kv import kv_store_spec, naive_kv_bytes
 from neuron_port.model.layout import Layout
-from neuron_port.parallel.per_core import device_params_per_core, rank0_kv_heads
+from neuron_port.parallel.per_core import QUANT_SCHEMES, core_params, rank0_kv_heads
 from neuron_port.parallel.sharding import plan_model, valid_model_tp
 
 GiB = 1 << 30
@@ -97,6 +99,7 @@ class Plan:
     model: str
     target: str
     dtype: str
+    quant: str
     tp: int
     recommended_tp: int | None
     fits: bool
@@ -131,11 +134,12 @@ class _Sizing:
     batch: int
     embeddings_on_device: bool
     graphs_share_weights: bool
+    quant: str = "none"
 
     def per_core(self, t: int) -> dict[str, int]:
         """Bytes one core holds at tp ``t``: weights, a second graph's weights, KV, other."""
         layout, b = self.layout, self.dtype_bytes
-        weights = device_params_per_core(layout, self.config, t, self.embeddings_on_device) * b
+        weights = core_params(layout, self.config, t, self.embeddings_on_device).weight_bytes(b, self.quant)
         share = self.graphs_share_weights
         kv = kv_store_spec(layout, self.context, kv_heads=rank0_kv_heads(layout, t)).total_bytes(self.batch, b)
         widest = max(max(2 * s.intermediate_size // t, (s.n_q + 2 * s.n_kv) * s.head_dim) for s in layout.layers)
@@ -218,6 +222,7 @@ def plan_capacity(
     batch: int = 1,
     embeddings_on_device: bool = False,
     graphs_share_weights: bool = True,
+    quant: str = "none",
 ) -> Plan:
     """The capacity plan at ``tp`` (or at the recommended degree when ``tp`` is None).
 
@@ -225,8 +230,11 @@ def plan_capacity(
     artifacts); False plans for graphs that each carry their own copy (separate traces)."""
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, found {dtype!r}")
+    if quant not in QUANT_SCHEMES:
+        raise ValueError(f"quant must be one of {QUANT_SCHEMES}, found {quant!r}")
     b = DTYPE_BYTES[dtype]
-    sizing = _Sizing(layout, config, target, b, context, tuple(buckets), batch, embeddings_on_device, graphs_share_weights)
+    sizing = _Sizing(layout, config, target, b, context, tuple(buckets), batch, embeddings_on_device, graphs_share_weights,
+                     quant)
     valid = [t for t in valid_model_tp(layout) if t <= target.cores]
     recommended = next((t for t in valid if sizing.fits(t)), None)
     chosen = tp if tp is not None else (recommended or (valid[-1] if valid else 1))
@@ -241,6 +249,7 @@ def plan_capacity(
         model=model_name,
         target=target.name,
         dtype=dtype,
+        quant=quant,
         tp=chosen,
         recommended_tp=recommended,
         fits=ok,
@@ -264,7 +273,8 @@ def format_capacity_plan(plan: Plan) -> str:
     c = plan.per_core_bytes
     mib = 1 << 20
     lines = [
-        f"{plan.model} on {plan.target}, {plan.dtype}, tp {plan.tp} (recommended {plan.recommended_tp}), context {plan.context}",
+        f"{plan.model} on {plan.target}, {plan.dtype}{', int8 weights' if plan.quant == 'int8' else ''}, "
+        f"tp {plan.tp} (recommended {plan.recommended_tp}), context {plan.context}",
         f"  per core: weights {c['weights'] / GiB:6.2f} GiB | second graph {c['second_graph'] / GiB:6.2f} GiB | "
         f"KV {c['kv'] / mib:8.1f} MiB | other {c['other'] / GiB:5.2f} GiB | "
         f"total {c['total'] / GiB:6.2f} of {c['capacity'] / GiB:.0f} GiB"

@@ -4,7 +4,10 @@ Device parameters per core = replicated parameters + sharded parameters / tp, fr
 the shard plan: q/o and MLP split by tp, k/v by the KV heads each rank holds (replicated when
 n_kv < tp), norms and per-layer-input projections replicated, the tied LM head (vocab x hidden)
 replicated. Embedding tables stay on the host unless asked otherwise. Real parameter counts, from
-the Hugging Face class built on the meta device (no memory), never "effective" ones.
+the Hugging Face class built on the meta device (no memory), never "effective" ones. By kind
+(:class:`CoreParams`): the projections (what weight-only int8 stores at one byte, with an fp32
+scale per output channel: column-parallel scales split with their rows, row-parallel ones
+replicated, as neuronx-distributed's quantized parallel layers keep them) and everything else.
 
 The planner sizes cores with these counts; the XLA backend's decode cost takes its minimum from
 them, so both read the same weights.
@@ -13,6 +16,7 @@ them, so both read the same weights.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,37 +24,75 @@ import torch
 from neuron_port.model.layout import Layout
 from neuron_port.parallel.sharding import plan_model
 
-_DEVICE_PARAMS: dict[tuple[Layout, int, bool], int] = {}
+QUANT_SCHEMES = ("none", "int8")
+SCALE_BYTES = 4  # an int8 projection's per-output-channel scale is fp32
+
+
+@dataclass(frozen=True)
+class CoreParams:
+    """What one core holds, by kind (elements): ``projections`` (attention q, k, v, o and the MLP's
+    weights: what ``--quant int8`` stores at one byte), ``projection_rows`` (their output channels on
+    this core: one scale each when quantized; a row-parallel projection's scales are replicated),
+    ``other`` (norms, layer scalars, per-layer-input projection, the tied LM head; tables when on
+    the device)."""
+
+    projections: int
+    projection_rows: int
+    other: int
+
+    @property
+    def total(self) -> int:
+        return self.projections + self.other
+
+    def weight_bytes(self, dtype_bytes: int, quant: str = "none") -> int:
+        """Bytes of these weights at ``dtype_bytes`` per element, projections at one byte plus their
+        fp32 scales under ``quant="int8"``."""
+        if quant not in QUANT_SCHEMES:
+            raise ValueError(f"quant must be one of {QUANT_SCHEMES}, found {quant!r}")
+        if quant == "int8":
+            return self.projections + SCALE_BYTES * self.projection_rows + self.other * dtype_bytes
+        return self.total * dtype_bytes
+
+
+_CORE_PARAMS: dict[tuple[Layout, int, bool], CoreParams] = {}
+
+
+def core_params(layout: Layout, config: Any, tp: int, embeddings_on_device: bool = False) -> CoreParams:
+    """The parameters one core holds at ``tp``, by kind (memoised on layout, tp, embeddings_on_device:
+    the layout fixes every dimension counted)."""
+    key = (layout, tp, embeddings_on_device)
+    if key not in _CORE_PARAMS:
+        _CORE_PARAMS[key] = _count_core_params(layout, config, tp, embeddings_on_device)
+    return _CORE_PARAMS[key]
 
 
 def device_params_per_core(layout: Layout, config: Any, tp: int, embeddings_on_device: bool = False) -> int:
-    """Parameters one core holds: sharded parts / tp, replicated parts whole (see module doc).
-
-    Memoised on (layout, tp, embeddings_on_device): the layout fixes every dimension counted.
-    """
-    key = (layout, tp, embeddings_on_device)
-    if key not in _DEVICE_PARAMS:
-        _DEVICE_PARAMS[key] = _count_device_params(layout, config, tp, embeddings_on_device)
-    return _DEVICE_PARAMS[key]
+    """Parameters one core holds: sharded parts / tp, replicated parts whole (see module doc)."""
+    return core_params(layout, config, tp, embeddings_on_device).total
 
 
-def _count_device_params(layout: Layout, config: Any, tp: int, embeddings_on_device: bool) -> int:
+def _count_core_params(layout: Layout, config: Any, tp: int, embeddings_on_device: bool) -> CoreParams:
     family = layout.family
     causal_lm = family.causal_lm_class(layout.model_type)  # imported outside the device mode (torch 2.8)
     with torch.device("meta"):
         model = causal_lm(config)
     plan = plan_model(layout, tp) if tp > 1 else None
-    total = 0
+    projections = rows = other = 0
     for spec, layer in zip(layout.layers, family.decoder_layers(model), strict=True):
         layer_params = sum(p.numel() for p in layer.parameters())
         proj, ff = family.layer_projections(layer, spec.index)
         q_o = proj["q"].weight.numel() + proj["o"].weight.numel()
-        kv = sum(proj[r].weight.numel() for r in ("k", "v") if proj.get(r) is not None)
+        kv_roles = [r for r in ("k", "v") if proj.get(r) is not None]
+        kv = sum(proj[r].weight.numel() for r in kv_roles)
         mlp = sum(m.weight.numel() for m in ff.values())
-        rest = layer_params - q_o - kv - mlp
         local_kv = len(plan.layers[spec.index].plan.ranks[0].kv_heads) if plan else spec.n_kv
         kv_local = kv // spec.n_kv * local_kv if kv else 0
-        total += rest + q_o // tp + kv_local + mlp // tp
+        other += layer_params - q_o - kv - mlp
+        projections += q_o // tp + kv_local + mlp // tp
+        # output channels: q, gate, up split by tp; k, v by the rank's KV heads; o, down (row-parallel) whole
+        rows += proj["q"].out_features // tp + proj["o"].out_features
+        rows += sum(proj[r].out_features // spec.n_kv * local_kv for r in kv_roles)
+        rows += sum(m.out_features // tp for role, m in ff.items() if role != "down") + ff["down"].out_features
     text = family.text_model(model)
     layer_ids = {id(p) for layer in family.decoder_layers(model) for p in layer.parameters()}
     emb_ids = {id(family.word_embedding(model).weight)}
@@ -59,11 +101,11 @@ def _count_device_params(layout: Layout, config: Any, tp: int, embeddings_on_dev
         emb_ids.add(id(ple.weight))
     for p in text.parameters():
         if id(p) not in layer_ids and id(p) not in emb_ids:
-            total += p.numel()  # final norm, per-layer-input projection and its norm (replicated)
-    total += layout.vocab_size * layout.hidden_size  # tied LM head on the device
+            other += p.numel()  # final norm, per-layer-input projection and its norm (replicated)
+    other += layout.vocab_size * layout.hidden_size  # tied LM head on the device
     if embeddings_on_device:
-        total += layout.params.per_layer_embedding  # word table is the tied head, already counted
-    return total
+        other += layout.params.per_layer_embedding  # word table is the tied head, already counted
+    return CoreParams(projections, rows, other)
 
 
 @functools.lru_cache(maxsize=64)
@@ -72,4 +114,4 @@ def rank0_kv_heads(layout: Layout, tp: int) -> dict[int, int] | None:
     return plan_model(layout, tp).local_kv_heads(0) if tp > 1 else None
 
 
-__all__ = ["device_params_per_core", "rank0_kv_heads"]
+__all__ = ["QUANT_SCHEMES", "SCALE_BYTES", "CoreParams", "core_params", "device_params_per_core", "rank0_kv_heads"]

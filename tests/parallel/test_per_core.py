@@ -4,7 +4,7 @@
 import pytest
 
 from neuron_port.model.layout import describe
-from neuron_port.parallel.per_core import device_params_per_core, rank0_kv_heads
+from neuron_port.parallel.per_core import core_params, device_params_per_core, rank0_kv_heads
 from neuron_port.parallel.ranks import RankSetup
 from neuron_port.parallel.shard_model import shard_model
 
@@ -33,3 +33,31 @@ def test_kv_heads_per_rank_are_replicated_below_the_degree(tiny_e2b):
     heads = rank0_kv_heads(layout, 4)
     for spec in layout.layers:  # fewer KV heads than ranks: each rank holds one, replicated
         assert heads[spec.index] == max(1, spec.n_kv // 4)
+
+
+@pytest.mark.parametrize("name,tp", [("gemma-4-e2b", 1), ("gemma-4-e2b", 2), ("gemma-4-12b", 2), ("gemma-4-e4b", 4)])
+def test_projections_and_their_output_channels_are_what_a_rank_shard_holds(name, tp):
+    """The split --quant int8 needs: projection elements (one byte each) and output channels (one
+    fp32 scale each), counted from the layout, equal rank 0's real shard."""
+    from neuron_port.model.configs import load_config
+    from neuron_port.model.loading import build_model
+
+    model = build_model(load_config(name, tiny=True))
+    layout = describe(model)
+    setup = RankSetup.for_layout(layout, tp)
+    shard = model if tp == 1 else shard_model(model, layout, setup.plan, 0)
+    family = layout.family
+    elements = rows = 0
+    for spec, layer in zip(layout.layers, family.decoder_layers(shard), strict=True):
+        attention, mlp = family.layer_projections(layer, spec.index)
+        for part in [*attention.values(), *mlp.values()]:
+            if part is not None:
+                elements += part.weight.numel()
+                rows += part.weight.shape[0]
+    counted = core_params(layout, model.config, tp)
+    assert (counted.projections, counted.projection_rows) == (elements, rows)
+    assert counted.total == device_params_per_core(layout, model.config, tp)
+    bf16, int8 = counted.weight_bytes(2), counted.weight_bytes(2, "int8")
+    assert int8 == elements + 4 * rows + 2 * counted.other and bf16 == 2 * counted.total
+    with pytest.raises(ValueError, match="quant must be one of"):
+        counted.weight_bytes(2, "int4")

@@ -10,7 +10,7 @@ from neuron_port import describe, load_config
 from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape
 from neuron_port.model.loading import build_model
-from neuron_port.parallel.per_core import device_params_per_core
+from neuron_port.parallel.per_core import core_params, device_params_per_core
 from neuron_port.parallel.sharding import plan_model
 from neuron_port.planner import TARGETS, Target, plan_capacity
 from tests.helpers import run_cli, run_cli_json
@@ -111,3 +111,19 @@ def test_planner_kv_bytes_equal_what_the_runtime_allocates(name, tp):
     allocated = sum(t.numel() * t.element_size() for t in port.inputs.new_store(1, 64))
     plan = plan_capacity(layout, config, name, TARGETS["inf2.xlarge"], "fp32", tp, context=64)
     assert plan.per_core_bytes["kv"] == allocated
+
+
+def test_int8_weights_halve_the_projections_and_keep_the_head():
+    """12B at tp 2: the projections at one byte plus an fp32 scale per output channel, the replicated
+    LM head and norms still bf16 -> per-core weights ~0.58 of bf16's, roofline ~1.7x."""
+    bf16, int8 = (_plan_json("gemma-4-12b", "--tp", "2", "--quant", q) for q in ("none", "int8"))
+    assert int8["quant"] == "int8" and bf16["quant"] == "none"
+    share = int8["per_core_bytes"]["weights"] / bf16["per_core_bytes"]["weights"]
+    assert 0.5 < share < 0.62
+    assert 1.6 < int8["roofline_tok_per_s"] / bf16["roofline_tok_per_s"] < 2.0
+    e2b = load_config("gemma-4-e2b")
+    counted = core_params(describe(e2b), e2b, 1)
+    plan = plan_capacity(describe(e2b), e2b, "gemma-4-e2b", TARGETS["inf2.xlarge"], quant="int8")
+    assert plan.per_core_bytes["weights"] == counted.projections + 4 * counted.projection_rows + 2 * counted.other
+    with pytest.raises(ValueError, match="quant must be one of"):
+        plan_capacity(describe(e2b), e2b, "gemma-4-e2b", TARGETS["inf2.xlarge"], quant="fp4")

@@ -41,7 +41,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     config = load_config(args.model, tiny=args.tiny)
     plan = plan_capacity(describe(config), config, args.model, Target.parse(args.target), args.dtype, args.tp,
-                         args.context, tuple(args.buckets), args.batch, args.embeddings_on_device, not args.separate_weights)
+                         args.context, tuple(args.buckets), args.batch, args.embeddings_on_device, not args.separate_weights,
+                         args.quant)
     if args.png:
         save_chart(plan, args.png)
     if args.json:
@@ -102,6 +103,9 @@ def add(sub) -> None:
     )
     p.add_argument("--tp", type=int, default=None, help="plan at this degree (default: the recommended one)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--quant", default="none", choices=["none", "int8"],
+                   help="int8: weight-only, per output channel (projections at one byte plus fp32 scales; norms and "
+                   "the LM head at --dtype)")
     p.add_argument("--context", type=int, default=2048, help="KV length")
     p.add_argument("--buckets", type=int_list, default=[128])
     p.add_argument("--batch", type=int, default=1)
