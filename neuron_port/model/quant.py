@@ -1,0 +1,91 @@
+"""Weight-only int8, symmetric per output channel: the scheme NxD Inference ships for Inf2.
+
+NeuronCore-v2 has no int8 matmul, so int8 saves bytes, not arithmetic: the weight is stored as
+int8 with one fp32 scale per output channel, and the graph casts it to the activation dtype,
+multiplies, and scales the output in fp32 (neuronx-distributed's ``quantization/dequantize.py``
+order). Decode reads every weight once per token, so a projection read at one byte instead of two
+halves its share of the step.
+
+* :func:`quantize_rows`: ``weight [out, in]`` -> ``(q int8 [out, in], scale fp32 [out])`` with
+  ``scale = max|row| / 127`` (1 for an all-zero row) and ``q = round(weight / scale)``, so every
+  element is within ``scale / 2`` of ``q * scale``;
+* :class:`Int8Linear`: the projection that holds them;
+* :func:`quantize_model`: every decoder layer's attention and MLP projections replaced by
+  :class:`Int8Linear` (the LM head and the host tables stay as they are).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+QMAX = 127
+
+
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight [out, in]`` -> ``(q int8 [out, in], scale fp32 [out])``, symmetric per output channel."""
+    if weight.dim() != 2:
+        raise ValueError(f"a projection weight is [out, in], found shape {tuple(weight.shape)}")
+    w = weight.detach().float()
+    peak = w.abs().amax(dim=1)
+    scale = torch.where(peak > 0, peak / QMAX, torch.ones_like(peak))
+    q = torch.clamp(torch.round(w / scale[:, None]), -QMAX, QMAX).to(torch.int8)
+    return q, scale
+
+
+class Int8Linear(nn.Module):
+    """``y = (x @ q.to(x.dtype).T) * scale + bias``: int8 weight ``q [out, in]``, fp32 ``scale [out]``.
+
+    x: [..., in] -> y: [..., out] in x's dtype. The weight and scale are buffers (not parameters):
+    nothing trains them, and a checkpoint names them ``weight`` and ``scale`` as NxD's does.
+    """
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        if q.dtype != torch.int8 or scale.shape != (q.shape[0],):
+            raise ValueError(f"expected an int8 weight [out, in] and a scale [out], found {q.dtype} "
+                             f"{tuple(q.shape)} and {tuple(scale.shape)}")
+        self.in_features, self.out_features = q.shape[1], q.shape[0]
+        self.register_buffer("weight", q)
+        self.register_buffer("scale", scale.float())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
+        q, scale = quantize_rows(linear.weight)
+        return cls(q, scale, linear.bias)
+
+    def dequantized(self) -> torch.Tensor:
+        """``q * scale`` in fp32: the weight this projection computes with, [out, in]."""
+        return self.weight.float() * self.scale[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.matmul(x, self.weight.to(x.dtype).t())
+        y = (y.float() * self.scale).to(x.dtype)
+        return y if self.bias is None else y + self.bias.to(x.dtype)
+
+
+def quantize_model(model: nn.Module) -> int:
+    """Replace every decoder layer's attention and MLP projection (an ``nn.Linear``) with an
+    :class:`Int8Linear`, in place; returns how many were replaced. Families whose projections are
+    fused (Phi-3's ``qkv_proj``) are refused: their roles are views, not modules."""
+    from neuron_port.families import family_of
+    from neuron_port.model.layout import describe
+
+    layout = describe(model)
+    family = layout.family
+    replaced = 0
+    for spec, layer in zip(layout.layers, family.decoder_layers(model), strict=True):
+        attention, mlp = family.layer_projections(layer, spec.index)
+        targets = {id(m) for m in [*attention.values(), *mlp.values()] if m is not None}
+        if any(not isinstance(m, nn.Linear) for m in [*attention.values(), *mlp.values()] if m is not None):
+            raise NotImplementedError(f"{family_of(model).name}: fused projections cannot be quantized one role at a time yet")
+        for parent in layer.modules():
+            for name, child in list(parent.named_children()):
+                if id(child) in targets:
+                    setattr(parent, name, Int8Linear.from_linear(child))
+                    replaced += 1
+    return replaced
+
+
+__all__ = ["QMAX", "quantize_rows", "Int8Linear", "quantize_model"]

@@ -1,0 +1,69 @@
+"""Weight-only int8 per output channel: every element within half a step of its scale, the projection
+computes with exactly the dequantized weight, and a quantized tiny model still runs through the port
+as Hugging Face's own forward of the same quantized model does."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from neuron_port.checks.oracle import reference_generate
+from neuron_port.generation.generate import generate
+from neuron_port.generation.logits import softcap
+from neuron_port.generation.request import GenerationRequest
+from neuron_port.graph.port import Port
+from neuron_port.graph.shapes import PortShape
+from neuron_port.model.configs import load_config
+from neuron_port.model.layout import describe
+from neuron_port.model.loading import build_model
+from neuron_port.model.quant import QMAX, Int8Linear, quantize_model, quantize_rows
+
+
+@given(st.integers(1, 6), st.integers(1, 9), st.floats(1e-3, 1e3), st.integers(0, 999))
+@settings(max_examples=60, deadline=None)
+def test_every_element_is_within_half_a_step(rows, cols, magnitude, seed):
+    weight = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * magnitude
+    weight[0] = 0.0  # an all-zero row keeps a finite scale
+    q, scale = quantize_rows(weight)
+    assert q.dtype == torch.int8 and scale.dtype == torch.float32 and scale.shape == (rows,)
+    assert int(q.abs().max()) <= QMAX and torch.all(scale > 0)
+    error = (weight - q.double() * scale.double()[:, None]).abs()
+    assert torch.all(error <= scale.double()[:, None] / 2 * (1 + 1e-6))
+    for r in range(1, rows):  # each row's peak maps to +-127: the whole int8 range is used
+        assert int(q[r].abs().max()) == QMAX or float(weight[r].abs().max()) == 0.0
+
+
+def test_the_projection_computes_with_the_dequantized_weight():
+    linear = torch.nn.Linear(16, 8, bias=True)
+    layer = Int8Linear.from_linear(linear)
+    x = torch.randn(3, 5, 16)
+    want = torch.nn.functional.linear(x, layer.dequantized(), linear.bias)
+    assert torch.allclose(layer(x), want, atol=1e-5, rtol=1e-5)
+    assert (layer(x) - linear(x)).abs().max() < 0.05 * linear(x).abs().max()  # and near the float projection
+    assert layer(x.bfloat16()).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="expected an int8 weight"):
+        Int8Linear(layer.weight.float(), layer.scale)
+    with pytest.raises(ValueError, match=r"\[out, in\], found shape \(4,\)"):
+        quantize_rows(torch.ones(4))
+
+
+def test_a_quantized_model_runs_through_the_port_as_hugging_face_runs_it():
+    model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
+    float_logits = model(torch.tensor([[2, 5, 9, 14]])).logits
+    layout = describe(model)
+    projections = [m for spec, layer in zip(layout.layers, layout.family.decoder_layers(model), strict=True)
+                   for part in layout.family.layer_projections(layer, spec.index) for m in part.values() if m is not None]
+    replaced = quantize_model(model)
+    assert replaced == len(projections) and sum(isinstance(m, Int8Linear) for m in model.modules()) == replaced
+    int8_logits = model(torch.tensor([[2, 5, 9, 14]])).logits
+    assert 0 < (int8_logits - float_logits).abs().max() < 0.1 * float_logits.abs().max()  # changed, but a little
+    prompt = [2] + list(range(40, 60))
+    port = Port.over_model(model, PortShape([32], [64]))
+    got = generate(port, GenerationRequest.greedy([prompt], 16, keep_logits=True))
+    reference = reference_generate(model, prompt, 16)  # the oracle: HF's own forward of the same int8 model
+    assert got.tokens[0] == reference["tokens"]
+    ours = softcap(torch.stack([step[0] for step in got.step_logits]), layout.softcap)
+    theirs = torch.stack(reference["logits"])
+    assert (ours - theirs).abs().max() < 1e-4 * theirs.abs().max()  # every step, relative to the largest logit
+    with pytest.raises(NotImplementedError, match="fused projections"):
+        quantize_model(build_model(load_config("phi-3", tiny=True)))
