@@ -5,10 +5,14 @@ as the engine made it, and every answer is counted."""
 import threading
 import time
 
-from fastapi.testclient import TestClient
+import pytest
 
-from neuron_port.serve.app import build_app
-from neuron_port.serve.loading import load_served
+pytest.importorskip("fastapi")  # the serve extra; the torch-xla virtualenv collects without it
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from neuron_port.serve.app import build_app  # noqa: E402
+from neuron_port.serve.loading import load_served  # noqa: E402
 
 
 def _wait_ok(client: TestClient) -> None:
