@@ -8,6 +8,9 @@ and dtype (fp32, bf16), two runs of the ``lm_eval`` command on the same two smal
   log-likelihoods as ``echo`` with ``logprobs``);
 * ``--model hf`` on the same directory (transformers' own model, same dtype, CPU).
 
+With ``--quants none,int8`` the port is also served with ``--quant int8`` (weight-only int8
+projections) and scored against the same float ``hf`` run: what int8 costs on the tasks.
+
 The tasks are built from files in ``benchmarks/lm_eval_tasks/`` (made for this benchmark; no hub
 access): ``np_capitals``, multiple choice over four capitals (32 items, accuracy: the choice with
 the highest log-likelihood), and ``np_arithmetic``, generation until a newline (32 sums of two
@@ -116,33 +119,40 @@ def _choice(sample: dict) -> int:
     return lls.index(max(lls))
 
 
-def measure(name: str, dtype: str, work: Path, limit: int | None) -> list[dict]:
+def measure(name: str, dtype: str, work: Path, limit: int | None, quants: tuple[str, ...] = ("none",)) -> list[dict]:
+    """Rows of one model and dtype: the served port once per weight scheme in ``quants``, each against
+    one ``hf`` run of the float model in that dtype."""
     from neuron_port.model.pretrained import pretrained_dir
 
     directory = pretrained_dir(name)
     tasks_dir = work / "tasks"
     write_tasks(tasks_dir)
-    # the tasks' prompts are short: one prompt bucket of 64 tokens and a KV length of 128 keep each step small
-    server = ServerProcess(str(directory), "--dtype", dtype, "--max-batch", "4", "--buckets", "64", "--kv-lens", "128",
-                           timeout=600)
-    try:
-        # add_bos_token: the API model then tokenizes as the hf model does (the tokenizer's own special
-        # tokens: Gemma's BOS; SmolLM2's adds none), so both runs score the same ids
-        port = run_lm_eval("local-completions",
-                           f"model={directory.name},base_url={server.base}/v1/completions,tokenizer={directory},"
-                           "tokenizer_backend=huggingface,add_bos_token=True,num_concurrent=4,max_retries=1",
-                           tasks_dir, work / f"port-{name}-{dtype}", limit, [])
-    finally:
-        server.stop()
+    ports = {}
+    for quant in quants:
+        # the tasks' prompts are short: one prompt bucket of 64 tokens and a KV length of 128 keep each step small
+        server = ServerProcess(str(directory), "--dtype", dtype, "--quant", quant, "--max-batch", "4", "--buckets", "64",
+                               "--kv-lens", "128", timeout=600)
+        try:
+            # add_bos_token: the API model then tokenizes as the hf model does (the tokenizer's own special
+            # tokens: Gemma's BOS; SmolLM2's adds none), so both runs score the same ids
+            ports[quant] = run_lm_eval("local-completions",
+                                       f"model={directory.name},base_url={server.base}/v1/completions,"
+                                       f"tokenizer={directory},tokenizer_backend=huggingface,add_bos_token=True,"
+                                       "num_concurrent=4,max_retries=1",
+                                       tasks_dir, work / f"port-{name}-{dtype}-{quant}", limit, [])
+        finally:
+            server.stop()
     hf = run_lm_eval("hf", f"pretrained={directory},dtype={DTYPES[dtype]}", tasks_dir, work / f"hf-{name}-{dtype}", limit,
                      ["--device", "cpu", "--batch_size", "8"])
-    return [{"model": name, "dtype": dtype, "task": task, **row} for task, row in compare(port, hf).items()]
+    return [{"model": name, "dtype": dtype, "quant": quant, "task": task, **row}
+            for quant, port in ports.items() for task, row in compare(port, hf).items()]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--quants", default="none", help="weight schemes of the served port: none, int8 or none,int8")
     parser.add_argument("--limit", type=int, default=None, help="items per task (default: all 32)")
     parser.add_argument("--smoke", action="store_true", help="SmolLM2 in fp32, 4 items per task")
     parser.add_argument("--json", action="store_true")
@@ -153,7 +163,8 @@ def main() -> None:
     if args.smoke:
         models, dtypes, limit = ["smollm2-135m"], ["fp32"], 4
     with tempfile.TemporaryDirectory(prefix="lm-eval-parity-") as tmp:
-        results = [row for name in models for dtype in dtypes for row in measure(name, dtype, Path(tmp), limit)]
+        quants = tuple(q for q in args.quants.split(",") if q)
+        results = [row for name in models for dtype in dtypes for row in measure(name, dtype, Path(tmp), limit, quants)]
     report = {"results": results, "tasks": {t: s["output_type"] for t, s in TASKS.items()}, "limit": limit}
     if args.json:
         print(json.dumps(report, indent=2))
@@ -161,7 +172,8 @@ def main() -> None:
     for row in results:
         detail = (f"max log-likelihood diff {row['max_loglikelihood_diff']:.2e}" if "max_loglikelihood_diff" in row
                   else f"same generation {row['same_generation']:.0%}")
-        print(f"{row['model']:>13} {row['dtype']} {row['task']:>14}: port {row['port']:.3f}  hf {row['hf']:.3f}  {detail}")
+        print(f"{row['model']:>13} {row['dtype']} {row['quant']:>4} {row['task']:>14}: port {row['port']:.3f}  "
+              f"hf {row['hf']:.3f}  {detail}")
 
 
 if __name__ == "__main__":

@@ -36,14 +36,14 @@ def main() -> int:
 
     # 2. Plan at the real dimensions.
     real = load_config(args.model_dir or NAME)
-    capacity = plan_capacity(describe(real), real, NAME, Target.parse(args.target), tp=args.tp)
+    capacity = plan_capacity(describe(real), real, NAME, Target.parse(args.target), tp=args.tp, quant=args.quant)
     tp = capacity.tp  # --tp, else the recommended degree: the plan shown is the plan used
     print(f"[plan] recommended tp {capacity.recommended_tp}, using tp {tp}; "
           f"{capacity.per_core_bytes['total'] / 2**30:.1f} GiB per core; "
           f"roofline {capacity.roofline_tok_per_s} tok/s, measured {capacity.measured_tok_per_s} tok/s")
 
     # 3. Load, buffers checked.
-    model, source = load_checked(NAME, args.model_dir, args.dtype)
+    model, source = load_checked(NAME, args.model_dir, args.dtype, args.quant)
 
     # 4. Shard: one plan per attention type — sharded KV on sliding layers, replicated on full ones.
     setup = RankSetup.for_layout(layout, tp)

@@ -37,14 +37,14 @@ def main() -> int:
 
     # 2. Plan at the real dimensions: one core in bf16, and the roofline next to the measured rate.
     real = load_config(args.model_dir or NAME)
-    capacity = plan_capacity(describe(real), real, NAME, Target.parse(args.target), tp=args.tp)
+    capacity = plan_capacity(describe(real), real, NAME, Target.parse(args.target), tp=args.tp, quant=args.quant)
     tp = capacity.tp  # --tp, else the recommended degree: the plan shown is the plan used
     print(f"[plan] recommended tp {capacity.recommended_tp}, using tp {tp}; "
           f"{capacity.per_core_bytes['total'] / 2**30:.1f} GiB per core; "
           f"roofline {capacity.roofline_tok_per_s} tok/s, measured {capacity.measured_tok_per_s} tok/s")
 
     # 3. Load the weights and make sure no buffer was lost (Gemma-4's per-layer scalar is a buffer, not a parameter).
-    model, source = load_checked(NAME, args.model_dir, args.dtype)
+    model, source = load_checked(NAME, args.model_dir, args.dtype, args.quant)
 
     # 4. Shard: at tp 1 every rank plan is the whole model; the setup is still what every later step uses.
     setup = RankSetup.for_layout(layout, tp)

@@ -40,14 +40,14 @@ def main() -> int:
 
     # 2. Plan at the real dimensions: what one core and two cores hold, at the degree used.
     real = load_config(args.model_dir or NAME)
-    capacity = plan_capacity(describe(real), real, NAME, Target.parse(args.target), tp=args.tp)
+    capacity = plan_capacity(describe(real), real, NAME, Target.parse(args.target), tp=args.tp, quant=args.quant)
     tp = capacity.tp  # --tp, else the recommended degree: the plan shown is the plan used
     print(f"[plan] recommended tp {capacity.recommended_tp}, using tp {tp}")
     for reason in capacity.reasons:
         print(f"       - {reason}")
 
     # 3. Load, buffers checked.
-    model, source = load_checked(NAME, args.model_dir, args.dtype)
+    model, source = load_checked(NAME, args.model_dir, args.dtype, args.quant)
 
     # 4. Shard: the plan every rank follows (q heads, the KV heads they need, the repeat factor).
     #    This setup is the one every rank below receives; nothing plans again.

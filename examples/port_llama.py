@@ -37,13 +37,13 @@ def main() -> int:
 
     # 2. Plan at the real dimensions.
     real = load_config(args.model_dir or args.name)
-    capacity = plan_capacity(describe(real), real, args.name, Target.parse(args.target), tp=args.tp)
+    capacity = plan_capacity(describe(real), real, args.name, Target.parse(args.target), tp=args.tp, quant=args.quant)
     tp = capacity.tp  # --tp, else the recommended degree: the plan shown is the plan used
     print(f"[plan] recommended tp {capacity.recommended_tp}, using tp {tp}; "
           f"{capacity.per_core_bytes['total'] / 2**30:.2f} GiB per core")
 
     # 3. Load, buffers checked (Llama and Qwen3 declare no per-layer buffers; the audit still runs).
-    model, source = load_checked(args.name, args.model_dir, args.dtype)
+    model, source = load_checked(args.name, args.model_dir, args.dtype, args.quant)
 
     # 4. Shard: the same rule as Gemma-4's. At tp 2 the KV heads split; at tp 4 (tiny) they replicate.
     setup = RankSetup.for_layout(layout, tp)

@@ -49,12 +49,12 @@ def port_one(name: str, args: argparse.Namespace, out_root: Path) -> bool:
           f"heads {sorted({(s.n_q, s.n_kv, s.head_dim) for s in layout.layers})}, vocabulary {layout.vocab_size:,}")
 
     # 2. Plan for the target at these dimensions (bf16 on the device).
-    capacity = plan_capacity(layout, config, name, Target.parse(args.target), tp=args.tp)
+    capacity = plan_capacity(layout, config, name, Target.parse(args.target), tp=args.tp, quant=args.quant)
     print(f"[plan] recommended tp {capacity.recommended_tp}, using tp {capacity.tp}; "
           f"{capacity.per_core_bytes['total'] / 2**30:.2f} GiB per core")
 
     # 3. Load with the library's loader, every tensor checked against transformers' from_pretrained.
-    model, source = load_checked(name, str(directory), args.dtype)
+    model, source = load_checked(name, str(directory), args.dtype, args.quant)
 
     # 4. Shard: one plan for every rank (SmolLM2's 3 KV heads split at tp 3; Gemma-3's one KV head
     #    is replicated at tp 2).
@@ -94,6 +94,8 @@ def main() -> int:
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (gloo ranks on this machine)")
     ap.add_argument("--target", default="inf2.xlarge")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--quant", default="none", choices=["none", "int8"],
+                    help="int8: weight-only int8 projections, checked against the same quantized model")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--out", help="folder for the artifacts (default: a temporary one)")
     args = ap.parse_args()

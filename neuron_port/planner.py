@@ -42,7 +42,8 @@ from typing import Any
 
 from neuron_port.graph.kv import kv_store_spec, naive_kv_bytes
 from neuron_port.model.layout import Layout
-from neuron_port.parallel.per_core import QUANT_SCHEMES, core_params, rank0_kv_heads
+from neuron_port.model.quant import QUANT_SCHEMES
+from neuron_port.parallel.per_core import core_params, rank0_kv_heads
 from neuron_port.parallel.sharding import plan_model, valid_model_tp
 
 GiB = 1 << 30

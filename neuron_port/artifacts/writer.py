@@ -41,6 +41,7 @@ from neuron_port.graph.shapes import PortShape
 from neuron_port.model.configs import config_to_dict
 from neuron_port.model.loading import checkpoint_state
 from neuron_port.model.localdir import write_tokenizer
+from neuron_port.model.quant import quant_of
 from neuron_port.parallel.ranks import Rank, RankSetup, check_setup_matches, run_ranks
 
 TOKENIZER_FILES = (
@@ -107,8 +108,9 @@ def write_artifact(
     """Write a verified artifact of ``model`` sharded by ``setup`` and shaped by ``shape``; returns its manifest.
 
     ``source`` says where the weights came from (``{"kind": "shipped", "name", "tiny", "seed"}``
-    or ``{"kind": "dir", "path"}``) so a later check can rebuild the same CPU reference and
-    prove it is the same checkpoint (weights fingerprint). ``model`` is not modified.
+    or ``{"kind": "dir", "path"}``, with ``quant``: the scheme of ``model``'s projections) so a later
+    check can rebuild the same CPU reference and prove it is the same checkpoint (weights
+    fingerprint). ``model`` is not modified.
     """
     if backend not in ("cpu", "cpu-eager", "neuron", "nxd"):
         raise ArtifactError(
@@ -116,6 +118,13 @@ def write_artifact(
             "(xla graphs are checked in process with 'neuron-port port --backend xla')"
         )
     check_backend_tp(backend, setup.tp)
+    quant = quant_of(model)
+    if quant != "none" and backend not in ("cpu", "cpu-eager"):
+        raise ArtifactError(
+            f"a {quant} model on backend {backend!r}: not built yet (the Neuron artifacts are built with "
+            "neuronx-distributed's float ColumnParallel/RowParallel layers; its quantized layers are not wired in). "
+            "Use backend cpu, or 'neuron-port port --backend xla --quant int8' to see the lowering"
+        )
     require_backend(backend)  # fail fast (missing SDK) before any work
     try:
         check_single_kv_length(shape.kv_lens, backend)

@@ -7,7 +7,8 @@ every rank's planned KV heads side by side (replicated heads repeated, sharded h
 :func:`sharding.expanded_kv_rows`), so rows ``[r * local_kv * head_dim, ...)`` are rank r's. The
 model computes the same function (a repeated KV head attends the same query heads as the one it
 copies). :func:`weight_splits` names how each weight is split: q, k, v, gate and up by rows
-(column-parallel), o and down by columns (row-parallel, the all-reduce), the rest replicated.
+(column-parallel), o and down by columns (row-parallel, the all-reduce), the rest replicated. An
+int8 model's scales follow the same rule: split with their rows, replicated for o and down.
 
 Plans whose ranks straddle KV groups (no uniform repeat factor) have no such layout and are refused.
 """
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 
 from neuron_port.errors import ShardingError
+from neuron_port.model.quant import Int8Linear
 from neuron_port.parallel.ranks import RankSetup, check_setup_matches
 from neuron_port.parallel.shard_model import linear_from
 from neuron_port.parallel.sharding import expanded_kv_rows
@@ -51,13 +53,21 @@ def spmd_model(model: nn.Module, setup: RankSetup) -> tuple[nn.Module, dict[int,
         proj = family.attention_projections(attn)
         for role in ("k", "v"):
             if proj[role] is not None:
-                bias = proj[role].bias
                 rows = expanded_kv_rows(proj[role].weight.detach(), heads, spec.head_dim)
-                expanded_bias = expanded_kv_rows(bias.detach()[:, None], heads, spec.head_dim)[:, 0] if bias is not None else None
-                family.set_attention_projection(attn, role, linear_from(rows, expanded_bias))
+                vectors = [_expanded_vector(v, heads, spec.head_dim) for v in (proj[role].bias, _scale(proj[role]))]
+                family.set_attention_projection(attn, role, linear_from(rows, *vectors))
         kv_heads[spec.index] = tp * len(heads.ranks[0].kv_heads)
         family.set_kv_groups(attn, heads.ranks[0].groups)
     return out, kv_heads
+
+
+def _scale(module: nn.Module) -> torch.Tensor | None:
+    return module.scale if isinstance(module, Int8Linear) else None
+
+
+def _expanded_vector(vector: torch.Tensor | None, heads, head_dim: int) -> torch.Tensor | None:
+    """A per-output-channel vector (bias, int8 scale) laid out as :func:`expanded_kv_rows` lays out the rows."""
+    return expanded_kv_rows(vector.detach()[:, None], heads, head_dim)[:, 0] if vector is not None else None
 
 
 def weight_splits(model: nn.Module, setup: RankSetup) -> Iterator[tuple[torch.Tensor, tuple]]:
@@ -69,10 +79,11 @@ def weight_splits(model: nn.Module, setup: RankSetup) -> Iterator[tuple[torch.Te
         for module in (proj["q"], proj["k"], proj["v"], mlp["gate"], mlp["up"]):
             if module is not None:
                 yield module.weight, COLUMN
-                if module.bias is not None:
-                    yield module.bias, ("tp",)
+                for vector in (module.bias, _scale(module)):  # per output channel: split with the rows
+                    if vector is not None:
+                        yield vector, ("tp",)
         for module in (proj["o"], mlp["down"]):
-            yield module.weight, ROW
+            yield module.weight, ROW  # an int8 row-parallel projection's scales stay replicated
 
 
 __all__ = ["COLUMN", "ROW", "spmd_model", "weight_splits"]

@@ -147,6 +147,9 @@ class LoweringRecorder:
                 total.opcodes.update(m.opcodes)
                 total.aliased_buffers += m.aliased_buffers
                 total.dynamic_dimensions += m.dynamic_dimensions
+                total.int8_parameters += m.int8_parameters
+                total.int8_parameter_bytes += m.int8_parameter_bytes
+                total.int8_converts += m.int8_converts
                 moved = {k: moved[k] + bytes_of[k] for k in moved}
             self.graphs[name] = {"compiles": after - before, "compile_s": round((ns_after - ns_before) / 1e9, 3),
                                  "hlo": total.to_json() if modules else None, "traffic": moved if modules else None}
@@ -167,6 +170,8 @@ class LoweringRecorder:
             "hlo_opcodes": {name: h["opcodes"] for name, h in hlo.items()},
             "aliased_buffers": {name: h["aliased_buffers"] for name, h in hlo.items()},
             "dynamic_dimensions": {name: h["dynamic_dimensions"] for name, h in hlo.items()},
+            "int8_weights": {name: {"parameters": h["int8_parameters"], "bytes": h["int8_parameter_bytes"],
+                                    "converts": h["int8_converts"]} for name, h in hlo.items()},
             "kv_tensors": dict(kv_tensors),
             "compile_s": {name: g["compile_s"] for name, g in self.graphs.items()},
             "hlo_traffic": {name: g["traffic"] for name, g in self.graphs.items() if g["traffic"] is not None},
@@ -285,13 +290,15 @@ class XlaBackend:
     def _device_weight_bytes(self, model: nn.Module) -> tuple[int, int, dict[int, int]]:
         """(the weight bytes one device must read per decode step, bytes per element, the layers
         reading each owner's K/V): the planner's per-core count (:mod:`neuron_port.parallel.per_core`)
-        at this backend's degree."""
+        at this backend's degree, int8 projections at one byte plus their scales."""
         from neuron_port.model.layout import describe
-        from neuron_port.parallel.per_core import device_params_per_core
+        from neuron_port.model.quant import quant_of
+        from neuron_port.parallel.per_core import core_params
 
         layout = self.setup.layout if self.setup is not None else describe(model)
-        dtype_bytes = next(model.parameters()).element_size()
-        return device_params_per_core(layout, model.config, self.devices) * dtype_bytes, dtype_bytes, layout.kv_readers()
+        dtype_bytes = next(model.parameters()).element_size()  # int8 projections are buffers, not parameters
+        weights = core_params(layout, model.config, self.devices).weight_bytes(dtype_bytes, quant_of(model))
+        return weights, dtype_bytes, layout.kv_readers()
 
     def decode_cost(self) -> dict[str, Any] | None:
         """The traffic of the longest decode graph whose HLO was seen, against the least a decode step at

@@ -21,6 +21,7 @@ from neuron_port.errors import ArtifactError, ConfigError
 from neuron_port.families import family_for
 from neuron_port.model.configs import load_config_dict
 from neuron_port.model.loading import cast_state, checkpoint_state, parse_dtype
+from neuron_port.model.quant import apply_quant, fp32_keys
 
 
 def _refuse_missing(missing: list[str], directory: Path, cls: type) -> None:
@@ -78,33 +79,40 @@ def hf_reference_model(model_dir: str | Path, dtype: torch.dtype = torch.float32
     return model.eval()
 
 
-def reference_for_source(name: str | Path, tiny: bool = False, seed: int = 0) -> nn.Module:
+def reference_for_source(name: str | Path, tiny: bool = False, seed: int = 0, quant: str = "none") -> nn.Module:
     """The float32 CPU reference of a model source: ``from_pretrained`` of a directory, or the
     shipped config's Hugging Face class with the seeded random weights (built by transformers'
-    own constructor: no loading involved)."""
+    own constructor: no loading involved). ``quant="int8"``: that model with its projections
+    quantized (:func:`neuron_port.model.quant.apply_quant`), the oracle of an int8 port, which must
+    compute what it computes (the quantization error is measured against the float32 one)."""
     from neuron_port.model.configs import load_config
     from neuron_port.model.loading import build_model
 
     if Path(name).is_dir():
-        return hf_reference_model(name)
-    return build_model(load_config(str(name), tiny=tiny), seed=seed)
+        model = hf_reference_model(name)
+    else:
+        model = build_model(load_config(str(name), tiny=tiny), seed=seed)
+    return apply_quant(model, quant)
 
 
 def reference_model(manifest: dict[str, Any]) -> nn.Module:
     """Rebuild the float32 CPU reference from the artifact's recorded source (a directory through
-    Hugging Face's own ``from_pretrained``, never this library's loader), proven to be the same
+    Hugging Face's own ``from_pretrained``, never this library's loader; quantized as the source
+    records), proven to be the same
     weights: its state cast to the artifact's dtype has the manifest's weights fingerprint."""
     source = manifest["source"]
+    quant = source.get("quant", "none")
     if source.get("kind") == "shipped":
-        model = reference_for_source(source["name"], tiny=bool(source.get("tiny")), seed=int(source.get("seed", 0)))
+        model = reference_for_source(source["name"], tiny=bool(source.get("tiny")), seed=int(source.get("seed", 0)),
+                                     quant=quant)
     elif source.get("kind") == "dir":
         if not Path(source["path"]).is_dir():
             raise ArtifactError(f"the reference checkpoint {source['path']} recorded in the manifest is not available here")
-        model = reference_for_source(source["path"])
+        model = reference_for_source(source["path"], quant=quant)
     else:
         raise ArtifactError(f"field source: expected kind 'shipped' or 'dir', found {source!r}")
     dtype = parse_dtype(manifest.get("dtype", "float32"))
-    found = weights_fingerprint(cast_state(checkpoint_state(model, clone=False), dtype))
+    found = weights_fingerprint(cast_state(checkpoint_state(model, clone=False), dtype, keep=fp32_keys(model)))
     if found != manifest["weights_fingerprint"]:
         raise ArtifactError(
             f"the CPU reference rebuilt from {source} is not the artifact's checkpoint: weights fingerprint "

@@ -211,6 +211,44 @@ def check_step_logits(model: nn.Module, prompt: Sequence[int], tokens: Sequence[
     return check_logits(ours, list(reference), family.softcap(family.text_config_of(model)), tolerance)
 
 
+QUANT_LOGIT_TOLERANCE = {"int8": 0.3}  # placeholder until measured
+"""Largest step logit error of a quantized port against the unquantized float32 model, relative to
+its largest logit, per scheme: measured by benchmarks/int8_accuracy.py (see its README entry)."""
+
+
+def quant_tolerance_for(quant: str) -> float:
+    """The measured bound of ``quant`` (:data:`QUANT_LOGIT_TOLERANCE`)."""
+    if quant not in QUANT_LOGIT_TOLERANCE:
+        raise ValueError(f"no measured logit bound for quant {quant!r}; expected one of {sorted(QUANT_LOGIT_TOLERANCE)}")
+    return QUANT_LOGIT_TOLERANCE[quant]
+
+
+@torch.no_grad()
+def check_quant_drift(float_model: nn.Module, prompt: Sequence[int], tokens: Sequence[int],
+                      step_logits: Sequence[torch.Tensor], quant: str, judged: bool = True) -> tuple[Check, dict]:
+    """A quantized port's raw logits of every step against the unquantized ``float_model``
+    (teacher-forced on the port's tokens, as :func:`check_step_logits`), within the scheme's measured
+    bound: what the quantization costs, where the ``logits`` check (against the same model quantized)
+    proves the port computes what the quantized model computes.
+
+    ``judged=False`` (random weights): the drift is reported and the check skips. The bound was
+    measured on real checkpoints; random weights, whose logits are nearly flat, drift by a larger
+    share of their largest logit and say nothing about a real model."""
+    check, report = check_step_logits(float_model, prompt, tokens, step_logits, quant_tolerance_for(quant))
+    report["quant"] = quant
+    if not judged and check.status != "skip":
+        worst = report.get("max_relative_error")
+        return Check("quant-drift", "skip", f"{quant} against the float32 model: worst step "
+                                            f"{'non-finite' if worst is None else f'{worst:.3g}'} of the largest logit, "
+                                            "not judged on random weights (the bound is measured on real checkpoints)"), report
+    if check.status == "fail":
+        return Check("quant-drift", "fail", f"{quant}: {check.detail.replace('Hugging Face', 'the float32 model')}",
+                     f"the {quant} weights drift further from the float32 model than benchmarks/int8_accuracy.py "
+                     "measured on real checkpoints: look for a projection quantized twice or with the wrong axis, "
+                     "or measure this checkpoint with the benchmark"), report
+    return Check("quant-drift", check.status, f"{quant} against the float32 model: {check.detail}"), report
+
+
 def tokens_must_match(backend: str, dtype: str) -> bool:
     """Whether a checked run must give Hugging Face's float32 tokens exactly: yes for float32 graphs
     on the CPU or XLA; no in reduced precision, where greedy tokens flip at near-ties (bf16 diverged
@@ -272,6 +310,9 @@ __all__ = [
     "LOGIT_TOLERANCE",
     "REDUCED_PRECISION_LOGIT_TOLERANCE",
     "logit_tolerance_for",
+    "QUANT_LOGIT_TOLERANCE",
+    "quant_tolerance_for",
+    "check_quant_drift",
     "probe_ids",
     "check_embeddings",
     "check_attention",

@@ -38,22 +38,30 @@ def recipe_parser(description: str, tp: int | None = None) -> argparse.ArgumentP
         choices=["fp32", "bf16"],
         help="dtype of the graphs, weights and KV store (Inferentia2 runs bf16; the check's logit bound follows the dtype)",
     )
+    ap.add_argument(
+        "--quant",
+        default="none",
+        choices=["none", "int8"],
+        help="int8: weight-only int8 projections (per output channel, fp32 scales), checked against the same "
+        "quantized model (cpu and xla backends)",
+    )
     return ap
 
 
-def load_checked(name: str, model_dir: str | None, dtype: str = "fp32") -> tuple[Any, dict[str, Any]]:
+def load_checked(name: str, model_dir: str | None, dtype: str = "fp32", quant: str = "none") -> tuple[Any, dict[str, Any]]:
     """Real weights from ``model_dir`` (every parameter and buffer checked against transformers'
-    own ``from_pretrained``) or tiny random ones, in ``dtype`` (``fp32`` or ``bf16``).
+    own ``from_pretrained``, quantized the same way) or tiny random ones, in ``dtype`` (``fp32`` or
+    ``bf16``), projections in ``quant`` (``none`` or ``int8``).
 
     Returns the model and its source record; prints which tensors, if any, differ."""
     from neuron_port.model.loading import load_source, parse_dtype
 
-    model, source = load_source(model_dir or name, tiny=model_dir is None, dtype=parse_dtype(dtype))
+    model, source = load_source(model_dir or name, tiny=model_dir is None, dtype=parse_dtype(dtype), quant=quant)
     if model_dir:
         from neuron_port.checks.loader_check import loader_mismatches
-        from neuron_port.checks.reference import hf_reference_model
+        from neuron_port.checks.reference import reference_for_source
 
-        problems = loader_mismatches(model, hf_reference_model(model_dir))
+        problems = loader_mismatches(model, reference_for_source(model_dir, quant=quant))
         print(f"[load] tensors differing from transformers' from_pretrained: {[str(p) for p in problems] or 'none'}")
     else:
         print("[load] buffers differing from the checkpoint: none")

@@ -22,6 +22,10 @@ from tqdm import tqdm
 from neuron_port.errors import ConfigError
 from neuron_port.families import family_for, family_of
 from neuron_port.model.configs import config_to_dict, load_config
+from neuron_port.model.quant import FP32_BUFFERS, Int8Linear, apply_quant, check_scheme, fp32_keys, quant_of
+
+QUANT_KEY = "neuron_port_quant"
+"""The ``config.json`` field naming a saved model's weight scheme (absent: ``"none"``)."""
 
 DTYPE_OPTIONS: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 """``--dtype`` names -> torch dtypes: float32 (the CPU reference's) and bfloat16 (what Inferentia2 runs)."""
@@ -54,20 +58,25 @@ def _default_dtype(dtype: torch.dtype):
 @torch.no_grad()
 def cast_weights(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     """Parameters and persistent floating buffers in ``dtype``, in place (tied parameters stay tied);
-    non-persistent tables (RoPE frequencies) keep their precision, as transformers keeps them."""
+    non-persistent tables (RoPE frequencies) keep their precision, as transformers keeps them, and an
+    int8 projection's scales stay fp32."""
     for module in model.modules():
         for param in module._parameters.values():
             if param is not None and param.is_floating_point() and param.dtype != dtype:
                 param.data = param.data.to(dtype)
+        keep = FP32_BUFFERS if isinstance(module, Int8Linear) else ()
         for name, buf in list(module._buffers.items()):
-            if buf is not None and buf.is_floating_point() and name not in module._non_persistent_buffers_set:
+            if (buf is not None and buf.is_floating_point() and name not in module._non_persistent_buffers_set
+                    and name not in keep):
                 module._buffers[name] = buf.to(dtype)
     return model
 
 
-def cast_state(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Floating tensors of ``state`` in ``dtype`` (integer ones untouched), as the loader casts a checkpoint."""
-    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+def cast_state(state: dict[str, torch.Tensor], dtype: torch.dtype,
+               keep: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """Floating tensors of ``state`` in ``dtype`` (integer ones and the keys in ``keep`` untouched), as
+    the loader casts a checkpoint."""
+    return {k: v.to(dtype) if v.is_floating_point() and k not in keep else v for k, v in state.items()}
 
 
 def force_eager(config: Any, implementation: str = "eager") -> None:
@@ -90,29 +99,40 @@ def build_model(config: Any, seed: int = 0, dtype: torch.dtype = torch.float32) 
     return cast_weights(model, dtype).eval()
 
 
-def model_from_name(name: str, tiny: bool = False, seed: int = 0, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """Random weights for a shipped name, or real weights for a local model directory."""
+def model_from_name(name: str, tiny: bool = False, seed: int = 0, dtype: torch.dtype = torch.float32,
+                    quant: str = "none") -> nn.Module:
+    """Random weights for a shipped name, or real weights for a local model directory; ``quant``
+    (:data:`~neuron_port.model.quant.QUANT_SCHEMES`) quantizes the float32 weights, then the rest is cast
+    to ``dtype``, so an int8 projection is the same in every dtype (the quantization of the float32
+    weight, as the reference's is)."""
+    check_scheme(quant)
+    load_dtype = torch.float32 if quant != "none" else dtype
     path = Path(name)
     if path.is_dir() and any(path.glob("*.safetensors")):
         if tiny:
             raise ConfigError(f"--tiny applies to shipped configs and config.json files, not to the model directory "
                               f"{name} (its weights are real: drop --tiny, or give its config.json)")
-        return load_model_dir(path, dtype=dtype)
-    return build_model(load_config(name, tiny=tiny), seed=seed, dtype=dtype)
+        model = load_model_dir(path, dtype=load_dtype)
+    else:
+        model = build_model(load_config(name, tiny=tiny), seed=seed, dtype=load_dtype)
+    if quant == "none":
+        return model
+    return cast_weights(apply_quant(model, quant), dtype)
 
 
-def load_source(name: str, tiny: bool = False, seed: int = 0,
-                dtype: torch.dtype = torch.float32) -> tuple[nn.Module, dict[str, Any]]:
+def load_source(name: str, tiny: bool = False, seed: int = 0, dtype: torch.dtype = torch.float32,
+                quant: str = "none") -> tuple[nn.Module, dict[str, Any]]:
     """The model for ``name`` and the record of where its weights came from.
 
-    The record (``{"kind": "dir", "path"}`` or ``{"kind": "shipped", "name", "tiny", "seed"}``)
-    goes into an artifact's manifest, so a later check can rebuild the same CPU reference.
+    The record (``{"kind": "dir", "path"}`` or ``{"kind": "shipped", "name", "tiny", "seed"}``, plus
+    ``quant``) goes into an artifact's manifest, so a later check can rebuild the same CPU reference.
     """
     path = Path(name)
     if path.is_dir():
-        return model_from_name(name, dtype=dtype), {"kind": "dir", "path": str(path.resolve())}
-    return (model_from_name(name, tiny=tiny, seed=seed, dtype=dtype),
-            {"kind": "shipped", "name": name, "tiny": tiny, "seed": seed})
+        return model_from_name(name, dtype=dtype, quant=quant), {"kind": "dir", "path": str(path.resolve()),
+                                                                  "quant": quant}
+    return (model_from_name(name, tiny=tiny, seed=seed, dtype=dtype, quant=quant),
+            {"kind": "shipped", "name": name, "tiny": tiny, "seed": seed, "quant": quant})
 
 
 def read_checkpoint(model_dir: str | Path, family=None) -> dict[str, torch.Tensor]:
@@ -191,13 +211,14 @@ def load_model_dir(model_dir: str | Path, dtype: torch.dtype = torch.float32) ->
     with torch.device("meta"), _default_dtype(dtype):
         model = causal_lm(config)
     init_nonpersistent_buffers(model, config, owners=_buffers_on_cpu(model))
+    apply_quant(model, getattr(config, QUANT_KEY, "none"))  # an int8 directory: Int8Linear shells, on meta
     state = read_checkpoint(model_dir, family)
     head_key = family.lm_head_key()
     if head_key not in state and family.tied_embeddings(config) and family.word_embedding_key() in state:
         state[head_key] = state[family.word_embedding_key()]
     persistent = set(model.state_dict())
-    model.load_state_dict(cast_state({k: v for k, v in state.items() if k in persistent}, dtype), strict=False,
-                          assign=True)
+    model.load_state_dict(cast_state({k: v for k, v in state.items() if k in persistent}, dtype, keep=fp32_keys(model)),
+                          strict=False, assign=True)
     model.tie_weights()
     missing = sorted(n for n, p in model.named_parameters() if p.is_meta)
     if missing:
@@ -216,18 +237,23 @@ def checkpoint_state(model: nn.Module, clone: bool = True) -> dict[str, torch.Te
 
 
 def save_model_dir(model: nn.Module, out_dir: str | Path) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (buffers included) for a text CausalLM."""
+    """Write ``config.json`` and ``model.safetensors`` (buffers included) for a text CausalLM; an int8
+    model's config names its scheme (:data:`QUANT_KEY`) and its checkpoint holds int8 weights and fp32 scales."""
     family = family_of(model)
     config = family.text_config_of(model)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     state = checkpoint_state(model)
     save_file(state, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps(config_to_dict(config), indent=2))
+    fields = config_to_dict(config)
+    if quant_of(model) != "none":
+        fields[QUANT_KEY] = quant_of(model)  # the loader rebuilds int8 projections from it
+    (out / "config.json").write_text(json.dumps(fields, indent=2))
     return out
 
 
 __all__ = [
+    "QUANT_KEY",
     "DTYPE_OPTIONS",
     "parse_dtype",
     "cast_weights",

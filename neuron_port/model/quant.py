@@ -11,7 +11,12 @@ halves its share of the step.
   element is within ``scale / 2`` of ``q * scale``;
 * :class:`Int8Linear`: the projection that holds them;
 * :func:`quantize_model`: every decoder layer's attention and MLP projections replaced by
-  :class:`Int8Linear` (the LM head and the host tables stay as they are).
+  :class:`Int8Linear` (the LM head and the host tables stay as they are);
+* :func:`apply_quant` / :func:`quant_of`: a ``--quant`` scheme applied to a model, and read back
+  from one (``"none"`` or ``"int8"``), so a scheme is chosen once and travels with the model.
+
+The scale stays fp32 whatever the model's dtype: :meth:`Int8Linear._apply` keeps it through
+``.to(dtype)``, and :data:`FP32_BUFFERS` names it for the loader's casts.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ import torch
 from torch import nn
 
 QMAX = 127
+QUANT_SCHEMES = ("none", "int8")
+FP32_BUFFERS = ("scale",)
+"""Buffers of an :class:`Int8Linear` that a dtype cast of the model leaves in fp32."""
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,9 +67,25 @@ class Int8Linear(nn.Module):
         """``q * scale`` in fp32: the weight this projection computes with, [out, in]."""
         return self.weight.float() * self.scale[:, None]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _apply(self, fn, recurse: bool = True):
+        """Moves follow the model; dtype casts leave the int8 weight (integer) and the fp32 scale alone."""
+        scale = self._buffers["scale"]
+        out = super()._apply(fn, recurse)
+        moved = self._buffers["scale"]
+        if moved.dtype != torch.float32:
+            self._buffers["scale"] = scale.to(moved.device)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weight, fp32 scale"
+
+    def scaled_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``(x @ q.to(x.dtype)^T) * scale`` (the scaling in fp32), in x's dtype, without the bias."""
         y = torch.matmul(x, self.weight.to(x.dtype).t())
-        y = (y.float() * self.scale).to(x.dtype)
+        return (y.float() * self.scale).to(x.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.scaled_matmul(x)
         return y if self.bias is None else y + self.bias.to(x.dtype)
 
 
@@ -88,4 +112,34 @@ def quantize_model(model: nn.Module) -> int:
     return replaced
 
 
-__all__ = ["QMAX", "quantize_rows", "Int8Linear", "quantize_model"]
+def fp32_keys(model: nn.Module) -> frozenset[str]:
+    """State-dict keys that stay fp32 whatever the model's dtype: every int8 projection's scales."""
+    return frozenset(f"{name}.{buf}" for name, m in model.named_modules() if isinstance(m, Int8Linear)
+                     for buf in FP32_BUFFERS)
+
+
+def check_scheme(scheme: str) -> str:
+    """``scheme`` if it is one of :data:`QUANT_SCHEMES`; a clear error otherwise."""
+    if scheme not in QUANT_SCHEMES:
+        raise ValueError(f"quant must be one of {', '.join(QUANT_SCHEMES)}, found {scheme!r}")
+    return scheme
+
+
+def apply_quant(model: nn.Module, scheme: str) -> nn.Module:
+    """``model`` with ``scheme`` applied in place (``"none"``: unchanged; ``"int8"``: :func:`quantize_model`).
+    A model already quantized is refused: quantizing twice would requantize the dequantized rows."""
+    if check_scheme(scheme) == "none":
+        return model
+    if quant_of(model) != "none":
+        raise ValueError(f"the model is already quantized ({quant_of(model)}); apply --quant once")
+    quantize_model(model)
+    return model
+
+
+def quant_of(model: nn.Module) -> str:
+    """The scheme ``model``'s projections are stored in: ``"int8"`` when any is an :class:`Int8Linear`."""
+    return "int8" if any(isinstance(m, Int8Linear) for m in model.modules()) else "none"
+
+
+__all__ = ["QMAX", "QUANT_SCHEMES", "FP32_BUFFERS", "quantize_rows", "Int8Linear", "quantize_model", "fp32_keys", "check_scheme",
+           "apply_quant", "quant_of"]

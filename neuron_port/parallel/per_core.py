@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from neuron_port.model.layout import Layout
+from neuron_port.model.quant import QUANT_SCHEMES
 from neuron_port.parallel.sharding import plan_model
 
-QUANT_SCHEMES = ("none", "int8")
 SCALE_BYTES = 4  # an int8 projection's per-output-channel scale is fp32
 
 
@@ -114,4 +114,4 @@ def rank0_kv_heads(layout: Layout, tp: int) -> dict[int, int] | None:
     return plan_model(layout, tp).local_kv_heads(0) if tp > 1 else None
 
 
-__all__ = ["QUANT_SCHEMES", "SCALE_BYTES", "CoreParams", "core_params", "device_params_per_core", "rank0_kv_heads"]
+__all__ = ["SCALE_BYTES", "CoreParams", "core_params", "device_params_per_core", "rank0_kv_heads"]

@@ -62,14 +62,14 @@ def _artifact_port(path: Path) -> tuple[Port, Any, int, Any]:
 
 
 def _model_port(target: str, tiny: bool, seed: int, shape: PortShape, slim: bool, max_batch: int,
-                dtype: str = "fp32") -> tuple[Port, Any, int | None]:
+                dtype: str = "fp32", quant: str = "none") -> tuple[Port, Any, int | None]:
     from neuron_port.backends import get_backend
     from neuron_port.families import family_of
     from neuron_port.model.layout import describe
     from neuron_port.model.loading import model_from_name, parse_dtype
     from neuron_port.parallel.ranks import RankSetup, run_ranks
 
-    model = model_from_name(target, tiny=tiny, seed=seed, dtype=parse_dtype(dtype))
+    model = model_from_name(target, tiny=tiny, seed=seed, dtype=parse_dtype(dtype), quant=quant)
     config = family_of(model).text_config_of(model)
     port = run_ranks(lambda rank: Port.for_rank(rank, shape), RankSetup.for_layout(describe(model), 1), model)[0]
     del model
@@ -92,13 +92,14 @@ def _served_tokenizer(path: Path, tiny: bool, vocab_size: int):
 
 def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = False, max_batch: int = 4,
                 max_queue: int = 64, buckets: Sequence[int] = (32, 64, 128), kv_lens: Sequence[int] = (256, 512),
-                batching: str = "continuous", dtype: str = "fp32") -> Served:
+                batching: str = "continuous", dtype: str = "fp32", quant: str = "none") -> Served:
     """A model name, model directory or artifact directory, ready to serve.
 
     Artifacts always run slim (compiled graphs + embeddings only). ``slim`` on a model compiles
     TorchScript graphs for ``max_batch`` rows and drops the Hugging Face model from the host.
     ``batching``: ``continuous`` (``max_batch`` slots; the default) or ``static``. ``dtype``
-    (``fp32`` or ``bf16``) is a model's graphs, weights and KV store; an artifact keeps its own.
+    (``fp32`` or ``bf16``) is a model's graphs, weights and KV store, ``quant`` (``none`` or ``int8``)
+    its projections' weights; an artifact keeps its own.
     """
     if batching not in ADMISSIONS:
         raise ValueError(f"batching must be one of {ADMISSIONS}, found {batching!r}")
@@ -107,7 +108,7 @@ def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = Fal
     if (path / "manifest.json").exists():
         port, config, fixed, lockstep = _artifact_port(path)
     else:
-        port, config, fixed = _model_port(target, tiny, seed, PortShape(buckets, kv_lens), slim, max_batch, dtype)
+        port, config, fixed = _model_port(target, tiny, seed, PortShape(buckets, kv_lens), slim, max_batch, dtype, quant)
     family = port.layout.family
     special = family.special_ids(config)
     tokenizer = _served_tokenizer(path, tiny, port.layout.vocab_size)

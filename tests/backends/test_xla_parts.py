@@ -51,6 +51,33 @@ def test_hlo_summary_counts_instructions_opcodes_aliases_and_dynamic_dims():
     assert aliased_buffers(MODULE.replace("input_output_alias={ {0}: (3, {}, may-alias), {1}: (4, {}, may-alias) }, ", "")) == 0
 
 
+INT8_MODULE = """HloModule m, entry_computation_layout={(s8[4,3]{1,0}, f32[2,3]{1,0}, s8[5]{0})->f32[2,4]{1,0}}
+
+%fused_dot (param_0.1: s8[4,3], param_1.2: f32[2,3]) -> f32[2,4] {
+  %param_0.1 = s8[4,3]{1,0} parameter(0)
+  %convert.7 = f32[4,3]{1,0} convert(%param_0.1)
+  %param_1.2 = f32[2,3]{1,0} parameter(1)
+  %convert.8 = f32[2,3]{1,0} convert(%param_1.2)
+  ROOT %dot.3 = f32[2,4]{1,0} dot(%param_1.2, %convert.7), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+}
+
+ENTRY %main (w: s8[4,3], x: f32[2,3], idx: s8[5]) -> f32[2,4] {
+  %w = s8[4,3]{1,0} parameter(0)
+  %x = f32[2,3]{1,0} parameter(1)
+  %idx = s8[5]{0} parameter(2)
+  ROOT %fusion.2 = f32[2,4]{1,0} fusion(%w, %x), kind=kOutput, calls=%fused_dot
+}
+"""
+
+
+def test_int8_entry_parameters_and_their_converts_are_counted():
+    """Entry parameters only (a fusion's s8 parameter is the same buffer), with their bytes; converts
+    whose operand is s8, looked up by name (a float convert does not count)."""
+    s = summarize(INT8_MODULE)
+    assert (s.int8_parameters, s.int8_parameter_bytes, s.int8_converts) == (2, 17, 1)
+    assert summarize(MODULE).int8_parameters == summarize(MODULE).int8_converts == 0
+
+
 @given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=0, max_size=12, unique_by=lambda t: t[0]))
 def test_alias_entries_are_counted_exactly(pairs):
     body = ", ".join(f"{{{o}}}: ({i}, {{}}, may-alias)" for o, i in pairs)
@@ -137,3 +164,30 @@ def test_a_grown_store_stays_on_its_device():
     store = KVStore.from_tensors(small, [t.to("meta") for t in small.allocate(1)])
     grown = store.grow(large, torch.tensor([15]))
     assert all(t.device.type == "meta" for t in grown) and [t.shape for t in grown] == [t.shape for t in large.allocate(1)]
+
+
+def test_spmd_layout_of_an_int8_model_splits_scales_with_their_rows():
+    """The int8 weights (buffers) split as the float ones; a column projection's scales split with its rows,
+    a row-parallel one's stay whole; device r's slices are rank r's int8 shard, scales included."""
+    from neuron_port.model.quant import Int8Linear, apply_quant
+
+    model = apply_quant(build_model(load_config("gemma-4-e4b", tiny=True), seed=0), "int8")
+    setup = RankSetup.for_layout(describe(model), 2)
+    spread, kv_heads = spmd_model(model, setup)
+    prompt = [2] + list(range(20, 40))
+    port = Port.over_model(spread, PortShape([32], [64]), setup.layout, kv_heads)
+    assert generate(port, GenerationRequest.greedy([prompt], 10)).tokens[0] == reference_generate(model, prompt, 10)["tokens"]
+    splits = list(weight_splits(spread, setup))
+    names = {id(t): n for n, t in [*spread.named_parameters(), *spread.named_buffers()]}
+    scales = {n for t, _ in splits if (n := names[id(t)]).endswith(".scale")}
+    assert scales and not any(".o_proj." in n or ".down_proj." in n for n in scales)  # row-parallel: replicated
+    assert any(isinstance(m, Int8Linear) for m in spread.modules())
+    for r in range(2):
+        shard = make_rank(setup, r, identity_reduce, model).model
+        state = dict([*shard.named_parameters(), *shard.named_buffers()])
+        for tensor, spec in splits:
+            dim = 0 if spec[0] == "tp" else 1
+            assert torch.equal(tensor.chunk(2, dim=dim)[r], state[names[id(tensor)]]), names[id(tensor)]
+        for name, m in shard.named_modules():  # and every replicated scale is the whole row's
+            if name.endswith(("o_proj", "down_proj")):
+                assert torch.equal(m.scale, dict(spread.named_buffers())[f"{name}.scale"]), name

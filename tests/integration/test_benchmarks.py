@@ -52,7 +52,7 @@ def test_every_benchmark_has_a_smoke_test_and_a_readme_entry():
     # (the xla virtualenv)
     tested = {"host_overhead.py", "decode_vs_hf.py", "kv_memory.py", "slim_rss.py", "host_step.py", "cpu_backend.py",
               "xla_lowering.py", "decode_cost.py", "serve_load.py", "bf16_accuracy.py", "weights_once.py", "nxd_build_memory.py",
-              "lm_eval_parity.py"}
+              "lm_eval_parity.py", "int8_accuracy.py"}
     assert set(SCRIPTS) <= tested, f"no smoke test for {set(SCRIPTS) - tested}"
 
 
@@ -124,6 +124,19 @@ def test_bf16_accuracy_smoke(smollm2_dir):
         assert 0 <= row[dtype]["identical_share"] <= 1 and row[dtype]["logit_error"]["steps"] == 8
     # the control is float32, the measured side really bf16
     assert row["fp32"]["logit_error"]["max"] < 1e-4 < row["bf16"]["logit_error"]["max"]
+
+
+@pytest.mark.slow
+def test_int8_accuracy_smoke(smollm2_dir):
+    out = _run_here("int8_accuracy.py", "--smoke", "--json")
+    (row,) = out["results"]
+    assert row["model"] == "smollm2-135m" and row["prompts"] == 2 and row["new_tokens"] == 4 and row["ppl_tokens"] == 256
+    for side in ("int8", "int8_bf16", "bf16", "quanto_int8"):
+        assert 0 <= row[side]["identical_share"] <= 1 and row[side]["logit_error"]["steps"] == 8
+        assert 1 < row[side]["perplexity"] < 1e3
+    # the port's int8 computes the quantized model exactly, and the quantization really changed the logits
+    assert row["int8_exact"]["max_logit_error"] < 1e-4 < row["int8"]["logit_error"]["max"]
+    assert row["int8"]["perplexity"] != row["reference_perplexity"]
 
 
 def test_nxd_build_memory_smoke():

@@ -2,6 +2,8 @@
 computes with exactly the dequantized weight, and a quantized tiny model still runs through the port
 as Hugging Face's own forward of the same quantized model does."""
 
+import json
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -15,8 +17,8 @@ from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape
 from neuron_port.model.configs import load_config
 from neuron_port.model.layout import describe
-from neuron_port.model.loading import build_model
-from neuron_port.model.quant import QMAX, Int8Linear, quantize_model, quantize_rows
+from neuron_port.model.loading import QUANT_KEY, build_model, cast_weights, load_model_dir, model_from_name, save_model_dir
+from neuron_port.model.quant import QMAX, Int8Linear, apply_quant, fp32_keys, quant_of, quantize_model, quantize_rows
 
 
 @given(st.integers(1, 6), st.integers(1, 9), st.floats(1e-3, 1e3), st.integers(0, 999))
@@ -67,3 +69,43 @@ def test_a_quantized_model_runs_through_the_port_as_hugging_face_runs_it():
     assert (ours - theirs).abs().max() < 1e-4 * theirs.abs().max()  # every step, relative to the largest logit
     with pytest.raises(NotImplementedError, match="fused projections"):
         quantize_model(build_model(load_config("phi-3", tiny=True)))
+
+
+def test_the_scales_stay_fp32_through_every_cast_and_a_scheme_applies_once():
+    model = apply_quant(build_model(load_config("gemma-4-e2b", tiny=True), seed=0), "int8")
+    assert quant_of(model) == "int8" and quant_of(build_model(load_config("llama", tiny=True))) == "none"
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    model.to(torch.bfloat16)
+    cast_weights(model, torch.bfloat16)
+    assert all(m.scale.dtype == torch.float32 and m.weight.dtype == torch.int8 for m in layers)
+    assert model.model.norm.weight.dtype == torch.bfloat16  # the rest did follow the cast
+    assert set(fp32_keys(model)) == {f"{name}.scale" for name, m in model.named_modules() if isinstance(m, Int8Linear)}
+    with pytest.raises(ValueError, match="already quantized"):
+        apply_quant(model, "int8")
+    with pytest.raises(ValueError, match="quant must be one of none, int8, found 'int4'"):
+        apply_quant(model, "int4")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_int8_directory_loads_back_as_the_same_int8_model(tmp_path, dtype):
+    """save_model_dir records the scheme; load_model_dir rebuilds int8 projections and keeps the scales fp32
+    (the gloo ranks load a model in memory this way); model_from_name quantizes the float32 weights first."""
+    model = model_from_name("gemma-4-e2b", tiny=True, dtype=dtype, quant="int8")
+    saved = save_model_dir(model, tmp_path / "int8")
+    assert json.loads((saved / "config.json").read_text())[QUANT_KEY] == "int8"
+    loaded = load_model_dir(saved, dtype=dtype)
+    assert loaded_state_equals(loaded, model)
+    float_quantized = model_from_name("gemma-4-e2b", tiny=True, quant="int8")
+    assert all(torch.equal(a.weight, b.weight) and torch.equal(a.scale, b.scale)  # the same int8 in every dtype
+               for a, b in zip(int8_layers(model), int8_layers(float_quantized), strict=True))
+    ids = torch.tensor([[2, 5, 9, 14]])
+    assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def int8_layers(model):
+    return [m for m in model.modules() if isinstance(m, Int8Linear)]
+
+
+def loaded_state_equals(a, b) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]) for k in sa)

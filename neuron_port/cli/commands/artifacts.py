@@ -9,6 +9,7 @@ from pathlib import Path
 from neuron_port.cli.commands.common import (
     add_dtype_option,
     add_prompt_options,
+    add_quant_option,
     emit_generation,
     int_list,
     print_json,
@@ -25,8 +26,15 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     from neuron_port.parallel.ranks import RankSetup
 
     check_backend_tp(args.backend, args.tp)
+    if args.quant != "none" and args.backend != "cpu":
+        from neuron_port.errors import ArtifactError
+
+        raise ArtifactError(f"compile --backend {args.backend} --quant {args.quant}: not built yet (the Neuron artifacts "
+                            "are built with neuronx-distributed's float ColumnParallel/RowParallel layers; its quantized "
+                            "layers are not wired in). Use --backend cpu, or 'port --backend xla --quant int8' to see "
+                            "the lowering")
     require_backend(args.backend)  # before any model is built: one line naming the Neuron packages
-    model, source = load_source(args.model, tiny=args.tiny, seed=args.seed, dtype=parse_dtype(args.dtype))
+    model, source = load_source(args.model, tiny=args.tiny, seed=args.seed, dtype=parse_dtype(args.dtype), quant=args.quant)
     setup = RankSetup.for_layout(describe(model), args.tp)
     tok_dir = args.model if Path(args.model).is_dir() else None
     if tok_dir is not None and not (Path(tok_dir) / "tokenizer.json").is_file():
@@ -36,6 +44,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     manifest = write_artifact(args.out, model, source, setup, PortShape(args.buckets, args.kv_lens), args.backend,
                               args.batch, tok_dir)
     summary = {k: manifest[k] for k in ("backend", "tp", "buckets", "kv_lens", "batch", "dtype", "weights_fingerprint")}
+    summary["quant"] = source["quant"]
     summary["out"] = str(Path(args.out).resolve())
     summary["files"] = len(manifest["files"])
     if args.backend in ("nxd", "neuron"):
@@ -76,6 +85,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.dtype is not None and parse_dtype(args.dtype) != parse_dtype(manifest.get("dtype", "float32")):
         raise ArtifactError(f"--dtype {args.dtype}: the artifact {args.dir} was compiled in {manifest.get('dtype')}; "
                             f"compile it again with --dtype {args.dtype}, or drop --dtype")
+    compiled_quant = manifest["source"].get("quant", "none")
+    if args.quant is not None and args.quant != compiled_quant:
+        raise ArtifactError(f"--quant {args.quant}: the artifact {args.dir} was compiled with --quant {compiled_quant}; "
+                            f"compile it again with --quant {args.quant}, or drop --quant")
     config = load_config(Path(args.dir) / "config.json")
     family = family_for(config.model_type)
     special = family.special_ids(config)
@@ -110,6 +123,7 @@ def add(sub) -> None:
     p.add_argument("--kv-lens", type=int_list, default=[256], help="KV lengths, e.g. 128,256")
     p.add_argument("--batch", type=int, default=1, help="batch size the graphs are compiled for")
     add_dtype_option(p, "of the graphs, weights, host embeddings and KV store")
+    add_quant_option(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_compile)
 
@@ -125,6 +139,8 @@ def add(sub) -> None:
                      help="never stop at end-of-sequence (the default for --prompt-len random prompts)")
     p.add_argument("--dtype", default=None, choices=["fp32", "bf16"],
                    help="the dtype the artifact must have been compiled in (an artifact keeps its own; default: any)")
+    p.add_argument("--quant", default=None, choices=["none", "int8"],
+                   help="the weight scheme the artifact must have been compiled with (it keeps its own; default: any)")
     p.add_argument("--check", action="store_true", help="compare with HF generate on the artifact's own checkpoint and run the "
                    "self-checks an artifact allows (host embedding files, every step's logits)")
     p.add_argument("--allow-version-mismatch", action="store_true",

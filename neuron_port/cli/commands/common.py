@@ -75,4 +75,11 @@ def add_dtype_option(p: argparse.ArgumentParser, what: str) -> None:
                    help=f"dtype {what}; the host softcap and sampling stay float32 (default fp32)")
 
 
-__all__ = ["print_json", "int_list", "prompt_from_args", "emit_generation", "add_prompt_options", "add_dtype_option"]
+def add_quant_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quant", default="none", choices=["none", "int8"],
+                   help="weights of the device projections: none (the graph dtype) or int8 (weight-only, symmetric per "
+                        "output channel, fp32 scales; the LM head and host tables stay in the graph dtype)")
+
+
+__all__ = ["print_json", "int_list", "prompt_from_args", "emit_generation", "add_prompt_options", "add_dtype_option",
+           "add_quant_option"]

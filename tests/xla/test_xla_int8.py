@@ -1,0 +1,43 @@
+"""``--quant int8`` on the XLA path: the int8 projections reach the device as int8 (``s8`` entry parameters
+of the optimized HLO, each widened by a ``convert`` next to its matmul), one compile per graph shape, no
+fallbacks, tokens and logits of the same quantized model, and the decode step's minimum counts the
+projections at one byte (with their fp32 scales)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from neuron_port import describe, load_config
+from neuron_port.model.loading import build_model
+from neuron_port.model.quant import Int8Linear, apply_quant
+from neuron_port.parallel.per_core import core_params
+
+pytestmark = pytest.mark.xla
+
+
+def test_port_int8_through_xla_keeps_int8_weights_on_the_device():
+    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    proc = subprocess.run([sys.executable, "-m", "neuron_port", "port", "gemma-4-e2b", "--tiny", "--quant", "int8",
+                           "--backend", "xla", "--check", "--max-new-tokens", "16", "--json"],
+                          capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    d = json.loads(proc.stdout)
+    x = d["xla"]
+    assert d["seq_match"] and d["self_checks_passed"] and d["logit_check"]["max_relative_error"] < 1e-3
+    assert x["fallback_ops"] == {} and x["uncached_compiles"] <= x["graphs"] == 2
+    assert x["aliased_buffers"] == x["kv_tensors"]
+    model = apply_quant(build_model(load_config("gemma-4-e2b", tiny=True), seed=0), "int8")
+    int8 = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    for graph in ("prefill_32", "decode_256"):
+        found = x["int8_weights"][graph]
+        assert found["parameters"] == len(int8) and found["bytes"] == sum(m.weight.numel() for m in int8), graph
+        assert found["converts"] >= found["parameters"], graph  # each widened on the device, not on the host
+    layout = describe(model)
+    weights = core_params(layout, model.config, 1).weight_bytes(4, "int8")
+    assert d["decode_cost"]["minimum_bytes"] > weights  # the int8 count, plus the K/V and the new rows
+    assert d["decode_cost"]["minimum_bytes"] < core_params(layout, model.config, 1).weight_bytes(4)
