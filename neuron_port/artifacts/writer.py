@@ -121,9 +121,9 @@ def write_artifact(
     quant = quant_of(model)
     if quant != "none" and backend not in ("cpu", "cpu-eager"):
         raise ArtifactError(
-            f"a {quant} model on backend {backend!r}: not built yet (the Neuron artifacts are built with "
-            "neuronx-distributed's float ColumnParallel/RowParallel layers; its quantized layers are not wired in). "
-            "Use backend cpu, or 'neuron-port port --backend xla --quant int8' to see the lowering"
+            f"a {quant} model on backend {backend!r}: not built yet (neuronx-distributed's quantized layers carry "
+            "the library's int8 checkpoint, checked against its own code in tests/nxd, but the artifact's ModelBuilder "
+            "trace of them is not). Use backend cpu, or 'neuron-port port --backend xla --quant int8' to see the lowering"
         )
     require_backend(backend)  # fail fast (missing SDK) before any work
     try:

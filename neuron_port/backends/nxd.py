@@ -47,6 +47,7 @@ from neuron_port.errors import ShardingError
 from neuron_port.families import family_of
 from neuron_port.model.buffers import persistent_buffers
 from neuron_port.model.loading import checkpoint_state
+from neuron_port.model.quant import Int8Linear, fp32_keys, quant_of
 from neuron_port.parallel.launch import CHILD_ENV, is_tp_child
 from neuron_port.parallel.ranks import Rank, RankSetup, run_ranks
 from neuron_port.parallel.sharding import expanded_kv_rows
@@ -70,7 +71,9 @@ def _lm_head(model: nn.Module) -> nn.Module:
 def nxd_checkpoint(model: nn.Module, setup: RankSetup, layer_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The full checkpoint NxD's sharding splits: device tensors only (no host table), the LM head
     under its own name even when the model ties it to the word table, K/V rows expanded by the
-    setup's plan, buffers included, optionally cast to the layer dtype (bf16 halves the neff)."""
+    setup's plan, buffers included, optionally cast to the layer dtype (bf16 halves the neff).
+    An int8 model's projections follow NxD's quantized-layer convention: the int8 ``weight`` and an
+    fp32 ``scale`` of shape [out, 1] (K/V scales expanded with their rows), never cast."""
     layout, plan = setup.layout, setup.plan
     family = layout.family
     state = checkpoint_state(model, clone=False)
@@ -84,10 +87,17 @@ def nxd_checkpoint(model: nn.Module, setup: RankSetup, layer_dtype: torch.dtype 
         proj = family.attention_projections(family.attention(layer))
         for role in ("k", "v"):
             if proj[role] is not None:
-                state[family.projection_key(spec.index, role)] = expanded_kv_rows(
-                    proj[role].weight.detach(), plan.layers[spec.index].plan, spec.head_dim)
+                key = family.projection_key(spec.index, role)
+                heads = plan.layers[spec.index].plan
+                state[key] = expanded_kv_rows(proj[role].weight.detach(), heads, spec.head_dim)
+                if isinstance(proj[role], Int8Linear):
+                    scale_key = key.removesuffix("weight") + "scale"
+                    state[scale_key] = expanded_kv_rows(proj[role].scale.detach()[:, None], heads, spec.head_dim)[:, 0]
+    scales = fp32_keys(model)
+    for key in scales:  # NxD's per-channel scale is [out, 1] (its scale_dequantize broadcasts it over the output)
+        state[key] = state[key].reshape(-1, 1).float()
     if layer_dtype is not None:
-        state = {k: (v.to(layer_dtype) if v.is_floating_point() else v) for k, v in state.items()}
+        state = {k: (v.to(layer_dtype) if v.is_floating_point() and k not in scales else v) for k, v in state.items()}
     return state
 
 
@@ -144,7 +154,8 @@ def check_nxd_supported(model: nn.Module, setup: RankSetup) -> None:
 
 
 def parallelize_for_nxd(model: nn.Module, setup: RankSetup, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """Replace projections with NxD's ColumnParallelLinear / RowParallelLinear sized by the plan.
+    """Replace projections with NxD's ColumnParallelLinear / RowParallelLinear sized by the plan (an int8
+    model's with NxD's QuantizedColumnParallel / QuantizedRowParallel: :func:`_parallel_layers`).
 
     Runs inside an NxD rank worker (parallel state initialised). q, expanded k/v, gate and up are
     column-parallel without gathering; o and down are row-parallel with the all-reduce. Plans
@@ -152,9 +163,8 @@ def parallelize_for_nxd(model: nn.Module, setup: RankSetup, dtype: torch.dtype =
     carry as constants: they are refused with the reason.
     """
     require_backend("nxd")
-    from neuronx_distributed.parallel_layers import ColumnParallelLinear, RowParallelLinear
-
     check_nxd_supported(model, setup)
+    column, row = _parallel_layers(quant_of(model), dtype)
     layout, plan, tp = setup.layout, setup.plan, setup.tp
     family = layout.family
     h = layout.hidden_size
@@ -163,26 +173,36 @@ def parallelize_for_nxd(model: nn.Module, setup: RankSetup, dtype: torch.dtype =
         d, local_kv = spec.head_dim, len(heads.ranks[0].kv_heads)
         attn = family.attention(layer)
         proj = family.attention_projections(attn)
-        q = ColumnParallelLinear(h, spec.n_q * d, bias=False, gather_output=False, dtype=dtype)
-        family.set_attention_projection(attn, "q", q)
+        family.set_attention_projection(attn, "q", column(h, spec.n_q * d))
         for role in ("k", "v"):
             if proj[role] is not None:
-                family.set_attention_projection(
-                    attn, role, ColumnParallelLinear(h, tp * local_kv * d, bias=False, gather_output=False, dtype=dtype)
-                )
-        family.set_attention_projection(
-            attn, "o", RowParallelLinear(spec.n_q * d, h, bias=False, input_is_parallel=True, dtype=dtype)
-        )
+                family.set_attention_projection(attn, role, column(h, tp * local_kv * d))
+        family.set_attention_projection(attn, "o", row(spec.n_q * d, h))
         family.set_kv_groups(attn, heads.ranks[0].groups)
         mlp = family.mlp(layer)
         for role in ("gate", "up"):
-            family.set_mlp_projection(
-                mlp, role, ColumnParallelLinear(h, spec.intermediate_size, bias=False, gather_output=False, dtype=dtype)
-            )
-        family.set_mlp_projection(
-            mlp, "down", RowParallelLinear(spec.intermediate_size, h, bias=False, input_is_parallel=True, dtype=dtype)
-        )
+            family.set_mlp_projection(mlp, role, column(h, spec.intermediate_size))
+        family.set_mlp_projection(mlp, "down", row(spec.intermediate_size, h))
     return model
+
+
+def _parallel_layers(quant: str, dtype: torch.dtype) -> tuple[Callable[[int, int], nn.Module], Callable[[int, int], nn.Module]]:
+    """(column, row): ``(in, out) -> layer`` makers of NxD's parallel layers for ``quant``: ColumnParallelLinear
+    (no gather) and RowParallelLinear (input already split, all-reduced output), or for ``"int8"`` NxD's
+    QuantizedColumnParallel / QuantizedRowParallel, per-channel symmetric int8 with fp32 scales (the weight
+    cast to the activation dtype, the output scaled in fp32, as :class:`~neuron_port.model.quant.Int8Linear`)."""
+    if quant == "none":
+        from neuronx_distributed.parallel_layers import ColumnParallelLinear, RowParallelLinear
+
+        return (functools.partial(ColumnParallelLinear, bias=False, gather_output=False, dtype=dtype),
+                functools.partial(RowParallelLinear, bias=False, input_is_parallel=True, dtype=dtype))
+    from neuronx_distributed.quantization.quantization_config import QuantizationType, QuantizedDtype
+    from neuronx_distributed.quantization.quantization_layers import QuantizedColumnParallel, QuantizedRowParallel
+
+    scheme = {"bias": False, "dtype": dtype, "quantization_type": QuantizationType.PER_CHANNEL_SYMMETRIC,
+              "quantized_dtype": QuantizedDtype.INT8, "quantization_per_channel_axis": 0, "scale_dtype": torch.float32}
+    return (functools.partial(QuantizedColumnParallel, gather_output=False, **scheme),
+            functools.partial(QuantizedRowParallel, input_is_parallel=True, **scheme))
 
 
 def _rank_state(layer_dtype: torch.dtype | None, rank: Rank) -> dict[str, torch.Tensor]:

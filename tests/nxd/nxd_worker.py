@@ -25,15 +25,16 @@ import os
 import traceback
 
 
-def worker(rank: int, tp: int, name: str, port: int, expand_kv: bool, queue, resident: bool = False) -> None:
+def worker(rank: int, tp: int, name: str, port: int, expand_kv: bool, queue, resident: bool = False,
+           quant: str = "none") -> None:
     os.environ["NXD_CPU_MODE"] = "1"
     try:
-        queue.put((rank, _run(rank, tp, name, port, expand_kv, resident)))
+        queue.put((rank, _run(rank, tp, name, port, expand_kv, resident, quant)))
     except Exception as exc:  # reported to the parent, which asserts on it
         queue.put((rank, {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}))
 
 
-def _run(rank: int, tp: int, name: str, port: int, expand_kv: bool, resident: bool) -> dict:
+def _run(rank: int, tp: int, name: str, port: int, expand_kv: bool, resident: bool, quant: str = "none") -> dict:
     import torch
     import torch.distributed as dist
 
@@ -44,6 +45,7 @@ def _run(rank: int, tp: int, name: str, port: int, expand_kv: bool, resident: bo
     try:
         from neuronx_distributed.parallel_layers import parallel_state
         from neuronx_distributed.parallel_layers.layers import ColumnParallelLinear, RowParallelLinear
+        from neuronx_distributed.quantization.quantization_layers import BaseQuantizeParallelLinear
         from neuronx_distributed.trace.trace import get_sharded_checkpoint
 
         from neuron_port.backends.nxd import host_table_keys, nxd_checkpoint, parallelize_for_nxd
@@ -53,12 +55,18 @@ def _run(rank: int, tp: int, name: str, port: int, expand_kv: bool, resident: bo
         from neuron_port.parallel.ranks import RankSetup
 
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
-        source = model_from_name(name, tiny=True, seed=0)
+        source = model_from_name(name, tiny=True, seed=0, quant=quant)
         setup = RankSetup.for_layout(describe(source), tp)
         if resident:
             return _run_resident(rank, tp, name, source, setup, get_sharded_checkpoint)
         checkpoint = nxd_checkpoint(source, setup) if expand_kv else checkpoint_state(source)
-        model = parallelize_for_nxd(model_from_name(name, tiny=True, seed=1), setup)
+        # ModelBuilder builds its layers in NxD's AOT mode, which skips their random initialisation (on
+        # the CPU that path cannot initialise a quantized row-parallel weight at tp > 1); as it does:
+        parallel_state.set_aot_mode(True)
+        try:
+            model = parallelize_for_nxd(model_from_name(name, tiny=True, seed=1, quant=quant), setup)
+        finally:
+            parallel_state.set_aot_mode(False)
         get_sharded_checkpoint(checkpoint, model, rank, tp)
         # this check runs Hugging Face's whole forward, embeddings included: the host's tables (which
         # no device shard holds) are loaded beside the shard
@@ -67,17 +75,27 @@ def _run(rank: int, tp: int, name: str, port: int, expand_kv: bool, resident: bo
         missing, unexpected = model.load_state_dict({**checkpoint, **host}, strict=False)
         family = setup.layout.family
         tied = {family.lm_head_key()} if family.tied_embeddings(family.text_config_of(model)) else set()
+        named = model.state_dict(keep_vars=True)
+        held = {id(named[n]) for n in checkpoint if n in named}
+        tied |= {n for n, t in named.items() if id(t) in held}  # AOT mode's master_weight is the weight itself
         if set(missing) - tied or unexpected:  # strict, but for the tied head (the embedding's tensor)
             raise RuntimeError(f"rank {rank} shard: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
-        parallel = sum(isinstance(m, (ColumnParallelLinear, RowParallelLinear)) for m in model.modules())
+        kinds = (BaseQuantizeParallelLinear,) if quant != "none" else (ColumnParallelLinear, RowParallelLinear)
+        layers = [m for m in model.modules() if isinstance(m, kinds)]
         ids = torch.tensor([[2] + list(range(10, 60))])
-        reference = reference_for_source(name, tiny=True, seed=0).eval()
+        # the oracle: Hugging Face's forward of the same seed-0 model, quantized as the library quantizes it
+        reference = reference_for_source(name, tiny=True, seed=0, quant=quant).eval()
         with torch.no_grad():
             want = reference(ids).logits
             got = model.eval()(ids).logits
         diff = float((got - want).abs().max())
-        return {"max_abs_logit_diff": diff, "max_abs_logit": float(want.abs().max()), "parallel_layers": parallel,
-                "local_q_rows": int(next(m for m in model.modules() if isinstance(m, ColumnParallelLinear)).weight.shape[0])}
+        out = {"max_abs_logit_diff": diff, "max_abs_logit": float(want.abs().max()), "parallel_layers": len(layers),
+               "local_q_rows": int(layers[0].weight.shape[0]), "weight_dtypes": sorted({str(m.weight.dtype) for m in layers})}
+        if quant != "none":  # and how far both are from the float model (what the quantization costs)
+            with torch.no_grad():
+                out["float_max_abs_logit_diff"] = float((got - reference_for_source(name, tiny=True, seed=0)(ids).logits)
+                                                        .abs().max())
+        return out
     finally:
         dist.destroy_process_group()
 

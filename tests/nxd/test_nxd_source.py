@@ -38,7 +38,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks_on_nxd(name: str, tp: int, expand_kv: bool = True, resident: bool = False) -> list[dict]:
+def run_ranks_on_nxd(name: str, tp: int, expand_kv: bool = True, resident: bool = False, quant: str = "none") -> list[dict]:
     """Every rank's result of :func:`tests.nxd.nxd_worker.worker`, in rank order."""
     import torch.multiprocessing as mp
 
@@ -47,7 +47,7 @@ def run_ranks_on_nxd(name: str, tp: int, expand_kv: bool = True, resident: bool 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=worker, args=(r, tp, name, port, expand_kv, queue, resident)) for r in range(tp)]
+    procs = [ctx.Process(target=worker, args=(r, tp, name, port, expand_kv, queue, resident, quant)) for r in range(tp)]
     for p in procs:
         p.start()
     try:
@@ -93,6 +93,23 @@ def test_the_nxd_artifacts_traced_module_matches_hugging_face(name, tp):
               f"(largest |logit| {out['max_abs_logit']:.3g})", file=sys.stderr)
         assert out["max_abs_logit_diff"] <= RELATIVE_TOLERANCE * out["max_abs_logit"], out
         assert out["kv_written"] and out["kv_outputs"] > 0
+
+
+@pytest.mark.parametrize("name", ["gemma-4-e4b", "gemma-4-12b"])
+def test_nxd_quantized_layers_match_the_librarys_int8_model(name):
+    """NxD's own QuantizedColumnParallel / QuantizedRowParallel (per-channel symmetric int8, fp32 scales) at
+    tp 2, loaded by NxD's sharding from the library's int8 checkpoint (int8 weights, [out, 1] scales, K/V
+    rows and scales expanded by the plan): Hugging Face's forward of the library's int8 model, within the
+    float32 bound; and measurably away from the float model (the layers really ran in int8)."""
+    results = run_ranks_on_nxd(name, 2, quant="int8")
+    for rank, out in enumerate(results):
+        assert "error" not in out, f"rank {rank}: {out.get('error')}\n{out.get('trace')}"
+        assert out["parallel_layers"] > 0 and out["weight_dtypes"] == ["torch.int8"]
+        print(f"[nxd int8] {name} tp 2 rank {rank}: max |logit diff| {out['max_abs_logit_diff']:.3g} against the "
+              f"library's int8 model, {out['float_max_abs_logit_diff']:.3g} against the float one (largest |logit| "
+              f"{out['max_abs_logit']:.3g})", file=sys.stderr)
+        assert out["max_abs_logit_diff"] <= RELATIVE_TOLERANCE * out["max_abs_logit"], out
+        assert out["float_max_abs_logit_diff"] > 10 * out["max_abs_logit_diff"], out
 
 
 def test_the_check_fails_without_the_plans_kv_expansion():

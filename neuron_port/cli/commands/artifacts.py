@@ -29,10 +29,10 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     if args.quant != "none" and args.backend != "cpu":
         from neuron_port.errors import ArtifactError
 
-        raise ArtifactError(f"compile --backend {args.backend} --quant {args.quant}: not built yet (the Neuron artifacts "
-                            "are built with neuronx-distributed's float ColumnParallel/RowParallel layers; its quantized "
-                            "layers are not wired in). Use --backend cpu, or 'port --backend xla --quant int8' to see "
-                            "the lowering")
+        raise ArtifactError(f"compile --backend {args.backend} --quant {args.quant}: not built yet (neuronx-distributed's "
+                            "quantized layers carry the library's int8 checkpoint, checked against its own code in "
+                            "tests/nxd, but the artifact's ModelBuilder trace of them is not). Use --backend cpu, or "
+                            "'port --backend xla --quant int8' to see the lowering")
     require_backend(args.backend)  # before any model is built: one line naming the Neuron packages
     model, source = load_source(args.model, tiny=args.tiny, seed=args.seed, dtype=parse_dtype(args.dtype), quant=args.quant)
     setup = RankSetup.for_layout(describe(model), args.tp)
