@@ -31,14 +31,23 @@ def test_onehot_write_equals_index_assignment(batch, heads, slots, steps, data):
     assert torch.equal(onehot_write(buf, new, onehot), expected)
 
 
-@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 12), st.data())
-def test_in_place_decode_write_equals_the_onehot_blend(batch, heads, slots, data):
+def _decode_write_case(batch: int, heads: int, slots: int, data, allow_empty: bool):
+    """(store [batch, heads, slots, 4], one new row per batch row [batch, heads, 1, 4], its one-hot map
+    [batch, 1, slots]); with ``allow_empty`` a row's map may be all zeros (a row that writes nothing)."""
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 999)))
     buf = torch.randn(batch, heads, slots, 4, generator=g, dtype=torch.float64)
     new = torch.randn(batch, heads, 1, 4, generator=g, dtype=torch.float64)
     onehot = torch.zeros(batch, 1, slots, dtype=torch.float64)
     for b in range(batch):
-        onehot[b, 0, data.draw(st.integers(0, slots - 1))] = 1
+        slot = data.draw(st.integers(-1 if allow_empty else 0, slots - 1))
+        if slot >= 0:
+            onehot[b, 0, slot] = 1
+    return buf, new, onehot
+
+
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 12), st.data())
+def test_in_place_decode_write_equals_the_onehot_blend(batch, heads, slots, data):
+    buf, new, onehot = _decode_write_case(batch, heads, slots, data, allow_empty=False)
     expected = onehot_write(buf, new, onehot)
     out = scatter_write_(buf, new, onehot)
     assert out is buf and torch.equal(out, expected)
@@ -47,14 +56,7 @@ def test_in_place_decode_write_equals_the_onehot_blend(batch, heads, slots, data
 @given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 12), st.data())
 def test_the_row_write_equals_the_onehot_blend(batch, heads, slots, data):
     """Each row writes its one slot, or none (a row whose map is empty keeps its store as it was)."""
-    g = torch.Generator().manual_seed(data.draw(st.integers(0, 999)))
-    buf = torch.randn(batch, heads, slots, 4, generator=g, dtype=torch.float64)
-    new = torch.randn(batch, heads, 1, 4, generator=g, dtype=torch.float64)
-    onehot = torch.zeros(batch, 1, slots, dtype=torch.float64)
-    for b in range(batch):
-        slot = data.draw(st.integers(-1, slots - 1))
-        if slot >= 0:
-            onehot[b, 0, slot] = 1
+    buf, new, onehot = _decode_write_case(batch, heads, slots, data, allow_empty=True)
     before = buf.clone()
     out = row_write(buf, new, onehot)
     assert torch.equal(out, onehot_write(buf, new, onehot)) and torch.equal(buf, before)  # a new tensor
