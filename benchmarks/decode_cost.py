@@ -73,19 +73,17 @@ def port_rows(name: str, tp: int, contexts: list[int], scale: int, kv_write: str
     written by ``kv_write``: ``rows`` (the new rows only, the XLA backend's default) or ``blend`` (a
     select over the whole store, what every decode graph did before)."""
     from neuron_port import describe
-    from neuron_port.backends.xla import XlaBackend
     from neuron_port.backends.xla_port import xla_port
     from neuron_port.generation.generate import generate
     from neuron_port.generation.request import GenerationRequest
     from neuron_port.graph.shapes import PortShape
     from neuron_port.parallel.ranks import RankSetup
 
-    XlaBackend.row_kv_writes = kv_write == "rows"
     model = _model(name, scale)
     setup = RankSetup.for_layout(describe(model), tp)
     rows = []
     for context in contexts:
-        port, backend = xla_port(model, setup, PortShape(8, context // scale))
+        port, backend = xla_port(model, setup, PortShape(8, context // scale), row_kv_writes=kv_write == "rows")
         generate(port, GenerationRequest.greedy([[2] + [7] * (PROMPT - 1)], 2))  # prefill, then one decode step
         cost = backend.report()["decode_cost"]
         rows.append({**cost, "context": context, "kv_len": cost["context"]})

@@ -228,11 +228,13 @@ class XlaBackend:
     name = "xla"
     static_batch = True  # a new batch would be a new graph shape: a new compile
     inplace_kv_writes = False  # the graph returns the store; it is written back outside it
-    row_kv_writes = True  # decode scatters its new rows into the aliased store (graph.kv.row_write)
     inference_mode = False
 
-    def __init__(self, setup=None):
+    def __init__(self, setup=None, row_kv_writes: bool = True):
+        """``row_kv_writes``: decode scatters its new rows into the aliased store (graph.kv.row_write); False
+        blends the whole store (what every decode graph did before, kept for the decode_cost benchmark)."""
         self.setup = setup
+        self.row_kv_writes = row_kv_writes
         self.devices = setup.tp if setup is not None else 1
         self.xla = require_xla()  # before anything is changed: without torch-xla, one line and nothing else
         dump = _prepare_process(self.xla, self.devices)

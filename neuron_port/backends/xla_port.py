@@ -17,9 +17,11 @@ from neuron_port.graph.shapes import PortShape
 from neuron_port.parallel.ranks import RankSetup, run_ranks
 
 
-def xla_port(model: nn.Module, setup: RankSetup, shape: PortShape, batch: int = 1) -> tuple[Port, XlaBackend]:
-    """The port of ``model`` under ``setup``, compiled for ``batch`` rows by the XLA backend (``model`` is not modified)."""
-    backend = XlaBackend(setup)  # fails fast, with the install hint, without torch-xla
+def xla_port(model: nn.Module, setup: RankSetup, shape: PortShape, batch: int = 1,
+             row_kv_writes: bool = True) -> tuple[Port, XlaBackend]:
+    """The port of ``model`` under ``setup``, compiled for ``batch`` rows by the XLA backend (``model`` is not
+    modified; ``row_kv_writes``: see :class:`XlaBackend`)."""
+    backend = XlaBackend(setup, row_kv_writes)  # fails fast, with the install hint, without torch-xla
     if setup.tp == 1:
         port = run_ranks(lambda rank: Port.for_rank(rank, shape), setup, model)[0]
     else:
