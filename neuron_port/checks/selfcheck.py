@@ -211,9 +211,13 @@ def check_step_logits(model: nn.Module, prompt: Sequence[int], tokens: Sequence[
     return check_logits(ours, list(reference), family.softcap(family.text_config_of(model)), tolerance)
 
 
-QUANT_LOGIT_TOLERANCE = {"int8": 0.3}  # placeholder until measured
+QUANT_LOGIT_TOLERANCE = {"int8": 0.18}
 """Largest step logit error of a quantized port against the unquantized float32 model, relative to
-its largest logit, per scheme: measured by benchmarks/int8_accuracy.py (see its README entry)."""
+its largest logit, per scheme, measured by benchmarks/int8_accuracy.py: over 768 steps of 24 real-text
+prompts on each of SmolLM2-135M and Gemma-3 270M, the int8 port's largest error was 0.103 with float32
+graphs and 0.123 with bf16 ones (p99 0.058 / 0.068), the same as optimum-quanto's qint8 on the same
+checkpoints; this is the larger with about 50 % room. Like the bf16 bound it cannot see a small
+adapter error: the ``logits`` check, against the same quantized model, does."""
 
 
 def quant_tolerance_for(quant: str) -> float:
