@@ -15,14 +15,19 @@ import pytest
 from neuron_port import describe, load_config
 from neuron_port.model.loading import build_model
 from neuron_port.model.quant import Int8Linear, apply_quant
+from neuron_port.parallel.launch import identity_reduce
 from neuron_port.parallel.per_core import core_params
+from neuron_port.parallel.ranks import RankSetup, make_rank
 
 pytestmark = pytest.mark.xla
 
 
-def test_port_int8_through_xla_keeps_int8_weights_on_the_device():
+@pytest.mark.parametrize("name,tp", [("gemma-4-e2b", 1), ("gemma-4-e4b", 2)], ids=["e2b", "e4b-tp2"])
+def test_port_int8_through_xla_keeps_int8_weights_on_the_device(name, tp):
+    """At tp 2 (SPMD) each device holds its share of the int8 weights: the partitioned module's s8
+    parameters are the rank's int8 shard, not the whole model's."""
     env = {**os.environ, "PJRT_DEVICE": "CPU"}
-    proc = subprocess.run([sys.executable, "-m", "neuron_port", "port", "gemma-4-e2b", "--tiny", "--quant", "int8",
+    proc = subprocess.run([sys.executable, "-m", "neuron_port", "port", name, "--tiny", "--tp", str(tp), "--quant", "int8",
                            "--backend", "xla", "--check", "--max-new-tokens", "16", "--json"],
                           capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -31,13 +36,17 @@ def test_port_int8_through_xla_keeps_int8_weights_on_the_device():
     assert d["seq_match"] and d["self_checks_passed"] and d["logit_check"]["max_relative_error"] < 1e-3
     assert x["fallback_ops"] == {} and x["uncached_compiles"] <= x["graphs"] == 2
     assert x["aliased_buffers"] == x["kv_tensors"]
-    model = apply_quant(build_model(load_config("gemma-4-e2b", tiny=True), seed=0), "int8")
-    int8 = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    model = apply_quant(build_model(load_config(name, tiny=True), seed=0), "int8")
+    layout = describe(model)
+    if tp == 1:
+        int8 = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    else:  # rank 0's shard: what device 0 holds (K/V rows expanded by the plan, as the SPMD layout has them)
+        setup = RankSetup.for_layout(layout, tp)
+        int8 = [m for m in make_rank(setup, 0, identity_reduce, model).model.modules() if isinstance(m, Int8Linear)]
     for graph in ("prefill_32", "decode_256"):
         found = x["int8_weights"][graph]
         assert found["parameters"] == len(int8) and found["bytes"] == sum(m.weight.numel() for m in int8), graph
         assert found["converts"] >= found["parameters"], graph  # each widened on the device, not on the host
-    layout = describe(model)
-    weights = core_params(layout, model.config, 1).weight_bytes(4, "int8")
+    weights = core_params(layout, model.config, tp).weight_bytes(4, "int8")
     assert d["decode_cost"]["minimum_bytes"] > weights  # the int8 count, plus the K/V and the new rows
-    assert d["decode_cost"]["minimum_bytes"] < core_params(layout, model.config, 1).weight_bytes(4)
+    assert d["decode_cost"]["minimum_bytes"] < core_params(layout, model.config, tp).weight_bytes(4)
