@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from neuron_port.errors import AdapterError, ConfigError
+
 QMAX = 127
 QUANT_SCHEMES = ("none", "int8")
 FP32_BUFFERS = ("scale",)
@@ -103,7 +105,8 @@ def quantize_model(model: nn.Module) -> int:
         attention, mlp = family.layer_projections(layer, spec.index)
         targets = {id(m) for m in [*attention.values(), *mlp.values()] if m is not None}
         if any(not isinstance(m, nn.Linear) for m in [*attention.values(), *mlp.values()] if m is not None):
-            raise NotImplementedError(f"{family_of(model).name}: fused projections cannot be quantized one role at a time yet")
+            raise AdapterError(f"{family_of(model).name}: fused projections cannot be quantized one role at a time yet "
+                               "(--quant int8 takes families with one module per projection)")
         for parent in layer.modules():
             for name, child in list(parent.named_children()):
                 if id(child) in targets:
@@ -121,7 +124,7 @@ def fp32_keys(model: nn.Module) -> frozenset[str]:
 def check_scheme(scheme: str) -> str:
     """``scheme`` if it is one of :data:`QUANT_SCHEMES`; a clear error otherwise."""
     if scheme not in QUANT_SCHEMES:
-        raise ValueError(f"quant must be one of {', '.join(QUANT_SCHEMES)}, found {scheme!r}")
+        raise ConfigError(f"quant must be one of {', '.join(QUANT_SCHEMES)}, found {scheme!r}")
     return scheme
 
 
