@@ -71,14 +71,15 @@ PROMPTS = (
 )
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 @torch.no_grad()
-def _step_errors(reference, prompt: list[int], tokens: list[int], step_logits: list[torch.Tensor], cap) -> list[float]:
-    """Per step: max |port - reference| / max |reference|, the reference teacher-forced over the port's tokens."""
+def step_errors(reference, prompt: list[int], tokens: list[int], step_logits: list[torch.Tensor], cap) -> list[float]:
+    """Per step: max |port - reference| / max |reference|, the reference teacher-forced over the port's tokens
+    (``cap``: the softcap the side's raw logits still need; None for logits already capped)."""
     from neuron_port.generation.logits import softcap
 
     steps = min(len(tokens), len(step_logits))
@@ -91,7 +92,7 @@ def _step_errors(reference, prompt: list[int], tokens: list[int], step_logits: l
     return errors
 
 
-def _agreement(got: list[int], want: list[int]) -> int:
+def agreement(got: list[int], want: list[int]) -> int:
     return next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
 
 
@@ -115,19 +116,19 @@ def measure(name: str, prompts: tuple[str, ...], new_tokens: int) -> dict:
         for dtype, port in ports.items():
             got = generate(port, GenerationRequest.greedy([prompt], new_tokens, keep_logits=True))
             tokens = got.tokens[0]
-            errors[dtype] += _step_errors(reference, prompt, tokens, got.step_logits, cap)
-            rows[dtype].append(_agreement(tokens, want))
+            errors[dtype] += step_errors(reference, prompt, tokens, got.step_logits, cap)
+            rows[dtype].append(agreement(tokens, want))
         peer = reference_generate(hf_bf16, prompt, new_tokens)
-        errors["hf_bf16"] += _step_errors(reference, prompt, peer["tokens"], peer["logits"], cap)
-        rows["hf_bf16"].append(_agreement(peer["tokens"], want))
+        errors["hf_bf16"] += step_errors(reference, prompt, peer["tokens"], peer["logits"], cap)
+        rows["hf_bf16"].append(agreement(peer["tokens"], want))
     out = {"model": name, "prompts": len(prompts), "new_tokens": new_tokens, "seconds": round(time.perf_counter() - start, 1)}
     for dtype in rows:
         agree, err = rows[dtype], errors[dtype]
         out[dtype] = {
             "tokens_to_divergence": {"median": statistics.median(agree), "min": min(agree), "per_prompt": agree},
             "identical_share": sum(a == new_tokens for a in agree) / len(agree),
-            "logit_error": {"median": statistics.median(err), "p95": _percentile(err, 0.95),
-                            "p99": _percentile(err, 0.99), "max": max(err), "steps": len(err)},
+            "logit_error": {"median": statistics.median(err), "p95": percentile(err, 0.95),
+                            "p99": percentile(err, 0.99), "max": max(err), "steps": len(err)},
         }
     out["bf16_to_fp32_max_logit_error_ratio"] = out["bf16"]["logit_error"]["max"] / max(out["fp32"]["logit_error"]["max"], 1e-12)
     # below 1: the bf16 port drifts less than transformers' own bf16 model does

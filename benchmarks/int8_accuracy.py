@@ -40,7 +40,9 @@ import argparse
 import json
 import math
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -48,7 +50,6 @@ from tqdm import tqdm
 from neuron_port.checks.oracle import reference_generate
 from neuron_port.checks.reference import hf_reference_model, reference_for_source
 from neuron_port.generation.generate import generate
-from neuron_port.generation.logits import softcap
 from neuron_port.generation.prompts import text_prompt
 from neuron_port.generation.request import GenerationRequest
 from neuron_port.graph.port import Port
@@ -59,32 +60,9 @@ from neuron_port.model.pretrained import PRETRAINED, pretrained_dir, unavailable
 from neuron_port.model.tokenizer import load_tokenizer
 from neuron_port.parallel.ranks import RankSetup, run_ranks
 
-PROMPTS = (
-    "The capital of France is",
-    "Water boils at a temperature of",
-    "The quick brown fox jumps over the",
-    "In the morning, the farmer walked to the field and",
-    "The three primary colors are",
-    "A good way to learn a new language is to",
-    "The largest planet in our solar system is",
-    "She opened the old wooden door and saw",
-    "The recipe calls for two cups of flour and",
-    "Photosynthesis is the process by which plants",
-    "The train left the station at seven o'clock, and",
-    "To make a cup of tea, first you",
-    "The history of the printing press begins with",
-    "My favourite season of the year is autumn because",
-    "The human heart has four chambers:",
-    "When the sun sets over the ocean, the sky turns",
-    "The first step in solving any problem is to",
-    "Mount Everest is the tallest mountain on Earth, standing at",
-    "Computers store information using",
-    "The library was quiet except for the sound of",
-    "Rain falls when water vapour in the clouds",
-    "The children built a sandcastle on the beach and",
-    "An apple a day keeps",
-    "The river flows from the mountains down to",
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # a sibling script, also when run by runpy
+from bf16_accuracy import PROMPTS, agreement, percentile, step_errors  # noqa: E402  (the same prompts and measures)
+
 PORT_SIDES = {"int8": ("fp32", "int8"), "int8_bf16": ("bf16", "int8"), "bf16": ("bf16", "none")}
 """Port sides: name -> (graph dtype, quant)."""
 PEER = "quanto_int8"
@@ -116,29 +94,6 @@ def perplexity(model, ids: torch.Tensor, window: int) -> float:
         total += float(torch.nn.functional.cross_entropy(logits, chunk[1:], reduction="sum"))
         count += chunk.numel() - 1
     return math.exp(total / count)
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-@torch.no_grad()
-def _step_errors(reference, prompt: list[int], tokens: list[int], step_logits, cap) -> list[float]:
-    """Per step: max |side - reference| / max |reference|, the reference teacher-forced over the side's tokens
-    (``cap``: the softcap the side's raw logits still need; None for logits from transformers' forward)."""
-    steps = min(len(tokens), len(step_logits))
-    ids = torch.tensor([prompt + tokens[: steps - 1]])
-    want = reference(ids).logits[0, len(prompt) - 1:].double()
-    errors = []
-    for i in range(steps):
-        got = softcap(torch.as_tensor(step_logits[i]).reshape(-1, want.shape[-1])[0].double(), cap)
-        errors.append(float((got - want[i]).abs().max() / want[i].abs().max().clamp_min(1e-12)))
-    return errors
-
-
-def _agreement(got: list[int], want: list[int]) -> int:
-    return next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
 
 
 def quanto_peer(directory):
@@ -175,13 +130,13 @@ def measure(name: str, prompts: tuple[str, ...], new_tokens: int, ppl_tokens: in
         want = reference_generate(reference, prompt, new_tokens)["tokens"]
         for side, port in ports.items():
             got = generate(port, GenerationRequest.greedy([prompt], new_tokens, keep_logits=True))
-            errors[side] += _step_errors(reference, prompt, got.tokens[0], got.step_logits, cap)
-            agree[side].append(_agreement(got.tokens[0], want))
+            errors[side] += step_errors(reference, prompt, got.tokens[0], got.step_logits, cap)
+            agree[side].append(agreement(got.tokens[0], want))
             if side == "int8":
-                exact += _step_errors(int8_reference, prompt, got.tokens[0], got.step_logits, cap)
+                exact += step_errors(int8_reference, prompt, got.tokens[0], got.step_logits, cap)
         theirs = reference_generate(peer, prompt, new_tokens)
-        errors[PEER] += _step_errors(reference, prompt, theirs["tokens"], theirs["logits"], None)  # capped by HF
-        agree[PEER].append(_agreement(theirs["tokens"], want))
+        errors[PEER] += step_errors(reference, prompt, theirs["tokens"], theirs["logits"], None)  # capped by HF
+        agree[PEER].append(agreement(theirs["tokens"], want))
     ids = torch.tensor(load_tokenizer(directory).encode(prose_text()).ids[:ppl_tokens + 1])
     forwards = {"reference": reference, **models, PEER: peer}
     ppl = {side: perplexity(model, ids, ppl_window) for side, model in tqdm(forwards.items(), desc=f"{name} perplexity",
@@ -194,7 +149,7 @@ def measure(name: str, prompts: tuple[str, ...], new_tokens: int, ppl_tokens: in
             "identical_share": sum(a == new_tokens for a in agree[side]) / len(agree[side]),
             "tokens_to_divergence": {"median": statistics.median(agree[side]), "min": min(agree[side]),
                                      "per_prompt": agree[side]},
-            "logit_error": {"median": statistics.median(err), "p99": _percentile(err, 0.99), "max": max(err),
+            "logit_error": {"median": statistics.median(err), "p99": percentile(err, 0.99), "max": max(err),
                             "steps": len(err)},
             "perplexity": ppl[side],
         }
