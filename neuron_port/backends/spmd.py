@@ -22,9 +22,8 @@ import torch
 from torch import nn
 
 from neuron_port.errors import ShardingError
-from neuron_port.model.quant import Int8Linear
 from neuron_port.parallel.ranks import RankSetup, check_setup_matches
-from neuron_port.parallel.shard_model import linear_from
+from neuron_port.parallel.shard_model import int8_scale, linear_from
 from neuron_port.parallel.sharding import expanded_kv_rows
 
 COLUMN = ("tp", None)  # rows split: each device holds its output features
@@ -54,15 +53,11 @@ def spmd_model(model: nn.Module, setup: RankSetup) -> tuple[nn.Module, dict[int,
         for role in ("k", "v"):
             if proj[role] is not None:
                 rows = expanded_kv_rows(proj[role].weight.detach(), heads, spec.head_dim)
-                vectors = [_expanded_vector(v, heads, spec.head_dim) for v in (proj[role].bias, _scale(proj[role]))]
+                vectors = [_expanded_vector(v, heads, spec.head_dim) for v in (proj[role].bias, int8_scale(proj[role]))]
                 family.set_attention_projection(attn, role, linear_from(rows, *vectors))
         kv_heads[spec.index] = tp * len(heads.ranks[0].kv_heads)
         family.set_kv_groups(attn, heads.ranks[0].groups)
     return out, kv_heads
-
-
-def _scale(module: nn.Module) -> torch.Tensor | None:
-    return module.scale if isinstance(module, Int8Linear) else None
 
 
 def _expanded_vector(vector: torch.Tensor | None, heads, head_dim: int) -> torch.Tensor | None:
@@ -79,7 +74,7 @@ def weight_splits(model: nn.Module, setup: RankSetup) -> Iterator[tuple[torch.Te
         for module in (proj["q"], proj["k"], proj["v"], mlp["gate"], mlp["up"]):
             if module is not None:
                 yield module.weight, COLUMN
-                for vector in (module.bias, _scale(module)):  # per output channel: split with the rows
+                for vector in (module.bias, int8_scale(module)):  # per output channel: split with the rows
                     if vector is not None:
                         yield vector, ("tp",)
         for module in (proj["o"], mlp["down"]):

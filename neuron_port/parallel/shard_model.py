@@ -117,14 +117,14 @@ def shard_model(
             family.set_kv_groups(attn, heads.groups)
         mlp = family.mlp(layer)
         local = {role: linear_from(column_split(ff[role].weight, tp, rank), _column_vector(ff[role].bias, tp, rank),
-                                   _column_vector(_scale(ff[role]), tp, rank))
+                                   _column_vector(int8_scale(ff[role]), tp, rank))
                  for role in ("gate", "up")}
-        local["down"] = row_parallel(row_split(ff["down"].weight, tp, rank), ff["down"].bias, reduce, _scale(ff["down"]))
+        local["down"] = row_parallel(row_split(ff["down"].weight, tp, rank), ff["down"].bias, reduce, int8_scale(ff["down"]))
         family.set_mlp_projections(mlp, local)
     return shard
 
 
-def _scale(module: nn.Module) -> torch.Tensor | None:
+def int8_scale(module: nn.Module) -> torch.Tensor | None:
     """An int8 projection's per-output-channel scales [out]; None for a float one."""
     return module.scale if isinstance(module, Int8Linear) else None
 
@@ -145,15 +145,15 @@ def _attention_shard(proj: dict, heads, head_dim: int, reduce: Reduce) -> dict[s
     def rows(role: str, chosen: tuple[int, ...]) -> nn.Module:
         module = proj[role]
         return linear_from(head_rows(module.weight, chosen, head_dim), _head_vector(module.bias, chosen, head_dim),
-                           _head_vector(_scale(module), chosen, head_dim))
+                           _head_vector(int8_scale(module), chosen, head_dim))
 
     out: dict[str, nn.Module] = {"q": rows("q", heads.q_heads)}
     for role in ("k", "v"):
         if proj.get(role) is not None:
             out[role] = rows(role, heads.kv_heads)
     out["o"] = row_parallel(head_columns(proj["o"].weight, heads.q_heads, head_dim), proj["o"].bias, reduce,
-                            _scale(proj["o"]))
+                            int8_scale(proj["o"]))
     return out
 
 
-__all__ = ["RowParallelLinear", "Int8RowParallelLinear", "row_parallel", "linear_from", "shard_model"]
+__all__ = ["RowParallelLinear", "Int8RowParallelLinear", "row_parallel", "linear_from", "int8_scale", "shard_model"]
