@@ -10,9 +10,12 @@ float32 with greedy ``generate`` (the reference):
 * ``int8``: the port with int8 projections, float32 graphs (what the quantization alone costs);
 * ``int8_bf16``: the port with int8 projections and bf16 graphs (what an inf2 core would run);
 * ``bf16``: the port in bf16, no quantization (what the device costs without int8);
+* ``int8_head``: the port with int8 projections and an int8 LM head (``--quant int8 --quant-head``),
+  float32 graphs;
 * ``quanto_int8``: the peer, optimum-quanto's weight-only ``qint8`` (per output channel) on
   transformers' float32 model, the same projections (the LM head and embeddings excluded), run by
-  transformers' own ``generate``.
+  transformers' own ``generate``;
+* ``quanto_int8_head``: the same peer with the LM head quantized too (the peer of ``int8_head``).
 
 Reported per model and side, over the prompts below (ordinary English) with ``new_tokens`` greedy
 tokens each:
@@ -20,8 +23,8 @@ tokens each:
 * ``identical_share``: the share of prompts whose tokens all agree with the reference;
 * ``tokens_to_divergence``: per prompt, tokens that agree before the first difference; median, min;
 * ``logit_error``: every step's ``max |side - reference| / max |reference|``, the reference
-  teacher-forced over the side's own tokens: median, p99, max. The self-checks' int8 bound
-  (``neuron_port.checks.selfcheck.QUANT_LOGIT_TOLERANCE``) comes from the ``int8`` max;
+  teacher-forced over the side's own tokens: median, p99, max. The self-checks' bounds
+  (``neuron_port.checks.selfcheck.QUANT_LOGIT_TOLERANCE``) come from the ``int8`` and ``int8_head`` maxima;
 * ``perplexity``: over ``--ppl-tokens`` tokens of English prose that the standard library ships
   (the narrative paragraphs of Python's reference manual, ``pydoc_data.topics``), in windows of
   ``--ppl-window`` tokens, each side's model forward (the port's own graphs are shown equal to that
@@ -32,6 +35,7 @@ quantized model (the oracle ``port --check`` uses): the port adds nothing to the
 
     python benchmarks/int8_accuracy.py --json             # 24 prompts x 32 tokens, both models, 4,096 tokens of text
     python benchmarks/int8_accuracy.py --smoke --json     # 2 prompts x 4 tokens, 256 tokens of text, SmolLM2 only (CI)
+    python benchmarks/int8_accuracy.py --sides int8_head,quanto_int8_head --json   # some sides only
 """
 
 from __future__ import annotations
@@ -63,9 +67,14 @@ from neuron_port.parallel.ranks import RankSetup, run_ranks
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # a sibling script, also when run by runpy
 from bf16_accuracy import PROMPTS, agreement, percentile, step_errors  # noqa: E402  (the same prompts and measures)
 
-PORT_SIDES = {"int8": ("fp32", "int8"), "int8_bf16": ("bf16", "int8"), "bf16": ("bf16", "none")}
+PORT_SIDES = {"int8": ("fp32", "int8"), "int8_bf16": ("bf16", "int8"), "bf16": ("bf16", "none"),
+              "int8_head": ("fp32", "int8+head")}
 """Port sides: name -> (graph dtype, quant)."""
-PEER = "quanto_int8"
+PEERS = {"quanto_int8": ("lm_head",), "quanto_int8_head": ()}
+"""Peer sides: name -> the modules optimum-quanto leaves in float32."""
+PEER_OF = {"int8": "quanto_int8", "int8_head": "quanto_int8_head"}
+"""The port side each peer is the same scheme as (their perplexity ratio is reported)."""
+SIDES = (*PORT_SIDES, *PEERS)
 
 
 def prose_text() -> str:
@@ -96,18 +105,19 @@ def perplexity(model, ids: torch.Tensor, window: int) -> float:
     return math.exp(total / count)
 
 
-def quanto_peer(directory):
-    """optimum-quanto's weight-only qint8 of transformers' float32 model of ``directory`` (every Linear but the
-    LM head), frozen."""
+def quanto_peer(directory: Path, exclude: tuple[str, ...] = ("lm_head",)):
+    """optimum-quanto's weight-only qint8 of transformers' float32 model of ``directory`` (every Linear but
+    ``exclude``), frozen."""
     from optimum.quanto import freeze, qint8, quantize
 
     peer = hf_reference_model(directory)
-    quantize(peer, weights=qint8, exclude=["lm_head"])
+    quantize(peer, weights=qint8, exclude=list(exclude))
     freeze(peer)
     return peer.eval()
 
 
-def measure(name: str, prompts: tuple[str, ...], new_tokens: int, ppl_tokens: int, ppl_window: int) -> dict:
+def measure(name: str, prompts: tuple[str, ...], new_tokens: int, ppl_tokens: int, ppl_window: int,
+            sides: tuple[str, ...] = SIDES) -> dict:
     directory = pretrained_dir(name)
     reference = hf_reference_model(directory)
     layout = describe(reference)
@@ -115,15 +125,16 @@ def measure(name: str, prompts: tuple[str, ...], new_tokens: int, ppl_tokens: in
     setup = RankSetup.for_layout(layout, 1)
     shape = PortShape([32, 64], 128)
     models = {side: model_from_name(str(directory), dtype=torch.float32 if dtype == "fp32" else torch.bfloat16,
-                                    quant=quant) for side, (dtype, quant) in PORT_SIDES.items()}
+                                    quant=quant) for side, (dtype, quant) in PORT_SIDES.items() if side in sides}
     # One port per side, built once over the library-loaded model and reused for every prompt.
     ports = {side: run_ranks(lambda rank: Port.for_rank(rank, shape), setup, model)[0] for side, model in models.items()}
-    int8_reference = reference_for_source(directory, quant="int8")  # the oracle of port --quant int8 --check
-    peer = quanto_peer(directory)
-    sides = (*ports, PEER)
+    # the oracles of port --check: Hugging Face's forward of the same quantized model
+    exact_refs = {side: reference_for_source(directory, quant=PORT_SIDES[side][1]) for side in ("int8", "int8_head")
+                  if side in ports}
+    peers = {side: quanto_peer(directory, PEERS[side]) for side in PEERS if side in sides}
     agree = {side: [] for side in sides}
     errors = {side: [] for side in sides}
-    exact: list[float] = []
+    exact: dict[str, list[float]] = {side: [] for side in exact_refs}
     start = time.perf_counter()
     for text in tqdm(prompts, desc=f"{name} prompts", leave=False):
         prompt = text_prompt(directory, text)
@@ -132,13 +143,14 @@ def measure(name: str, prompts: tuple[str, ...], new_tokens: int, ppl_tokens: in
             got = generate(port, GenerationRequest.greedy([prompt], new_tokens, keep_logits=True))
             errors[side] += step_errors(reference, prompt, got.tokens[0], got.step_logits, cap)
             agree[side].append(agreement(got.tokens[0], want))
-            if side == "int8":
-                exact += step_errors(int8_reference, prompt, got.tokens[0], got.step_logits, cap)
-        theirs = reference_generate(peer, prompt, new_tokens)
-        errors[PEER] += step_errors(reference, prompt, theirs["tokens"], theirs["logits"], None)  # capped by HF
-        agree[PEER].append(agreement(theirs["tokens"], want))
+            if side in exact_refs:
+                exact[side] += step_errors(exact_refs[side], prompt, got.tokens[0], got.step_logits, cap)
+        for side, peer in peers.items():
+            theirs = reference_generate(peer, prompt, new_tokens)
+            errors[side] += step_errors(reference, prompt, theirs["tokens"], theirs["logits"], None)  # capped by HF
+            agree[side].append(agreement(theirs["tokens"], want))
     ids = torch.tensor(load_tokenizer(directory).encode(prose_text()).ids[:ppl_tokens + 1])
-    forwards = {"reference": reference, **models, PEER: peer}
+    forwards = {"reference": reference, **models, **peers}
     ppl = {side: perplexity(model, ids, ppl_window) for side, model in tqdm(forwards.items(), desc=f"{name} perplexity",
                                                                              leave=False)}
     out = {"model": name, "prompts": len(prompts), "new_tokens": new_tokens, "ppl_tokens": int(ids.numel() - 1),
@@ -153,9 +165,11 @@ def measure(name: str, prompts: tuple[str, ...], new_tokens: int, ppl_tokens: in
                             "steps": len(err)},
             "perplexity": ppl[side],
         }
-    out["int8_exact"] = {"max_logit_error": max(exact), "steps": len(exact)}
-    # at most 1: the port's int8 is no worse than the peer's on perplexity
-    out["int8_to_peer_perplexity_ratio"] = ppl["int8"] / ppl[PEER]
+    for side, errs in exact.items():
+        out[f"{side}_exact"] = {"max_logit_error": max(errs), "steps": len(errs)}
+    for side, peer in PEER_OF.items():  # at most 1: the port's scheme is no worse than the peer's on perplexity
+        if side in ppl and peer in ppl:
+            out[f"{side}_to_peer_perplexity_ratio"] = ppl[side] / ppl[peer]
     out["seconds"] = round(time.perf_counter() - start, 1)
     return out
 
@@ -167,8 +181,13 @@ def main() -> None:
     parser.add_argument("--ppl-tokens", type=int, default=4096, help="tokens of prose for the perplexity")
     parser.add_argument("--ppl-window", type=int, default=512, help="context of each perplexity window")
     parser.add_argument("--smoke", action="store_true", help="2 prompts, 4 tokens, 256 tokens of text, SmolLM2 only")
+    parser.add_argument("--sides", default=",".join(SIDES), help="comma-separated: " + ", ".join(SIDES))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    sides = tuple(s for s in args.sides.split(",") if s)
+    unknown = sorted(set(sides) - set(SIDES))
+    if unknown:
+        parser.error(f"--sides: unknown {', '.join(unknown)}; expected some of {', '.join(SIDES)}")
     names = ["smollm2-135m"] if args.smoke else [n for n in args.models.split(",") if n]
     prompts = PROMPTS[:2] if args.smoke else PROMPTS
     new_tokens = 4 if args.smoke else args.new_tokens
@@ -180,7 +199,7 @@ def main() -> None:
         if reason:
             skipped[name] = reason
             continue
-        results.append(measure(name, prompts, new_tokens, ppl_tokens, ppl_window))
+        results.append(measure(name, prompts, new_tokens, ppl_tokens, ppl_window, sides))
     report = {"results": results, "skipped": skipped, "torch_threads": torch.get_num_threads()}
     if args.json:
         print(json.dumps(report, indent=2))
@@ -188,7 +207,7 @@ def main() -> None:
         for r in results:
             print(f"{r['model']}: perplexity reference {r['reference_perplexity']:.3f}, " + ", ".join(
                 f"{side} {r[side]['perplexity']:.3f} (identical {r[side]['identical_share']:.0%}, logit error max "
-                f"{r[side]['logit_error']['max']:.3g})" for side in (*PORT_SIDES, PEER)))
+                f"{r[side]['logit_error']['max']:.3g})" for side in sides))
         for name, reason in skipped.items():
             print(f"{name}: skipped ({reason})")
 

@@ -47,7 +47,7 @@ from neuron_port.errors import ShardingError
 from neuron_port.families import family_of
 from neuron_port.model.buffers import persistent_buffers
 from neuron_port.model.loading import checkpoint_state
-from neuron_port.model.quant import Int8Linear, fp32_keys, quant_of
+from neuron_port.model.quant import HEAD_SCHEMES, Int8Linear, fp32_keys, quant_of
 from neuron_port.parallel.launch import CHILD_ENV, is_tp_child
 from neuron_port.parallel.ranks import Rank, RankSetup, run_ranks
 from neuron_port.parallel.sharding import expanded_kv_rows
@@ -136,8 +136,12 @@ def device_copy(model: nn.Module) -> nn.Module:
 def check_nxd_supported(model: nn.Module, setup: RankSetup) -> None:
     """Refuse, before any tracing, a model the nxd layers cannot carry: fused projections, projections
     with a bias (the parallel layers are built without one, so a bias would be dropped and the logits
-    wrong), or a plan whose ranks straddle KV groups."""
+    wrong), a plan whose ranks straddle KV groups, or an int8 LM head (``--quant-head``)."""
     family = setup.layout.family
+    if quant_of(model) in HEAD_SCHEMES:
+        raise ShardingError("--quant-head on nxd: not built (NxD's head here is a plain replicated weight; an int8 head "
+                            "needs its own quantized layer and checkpoint scale). Use --quant int8 alone on nxd, or the "
+                            "cpu and xla backends for an int8 head")
     if family.fused_projections:
         raise ShardingError(f"the {family.name} adapter fuses its projections; the nxd backend swaps one "
                             "parallel layer per role and supports unfused families only")

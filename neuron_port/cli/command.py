@@ -13,11 +13,12 @@ from collections.abc import Sequence
 
 from neuron_port import __version__
 from neuron_port.cli.commands import MODULES
+from neuron_port.cli.commands.common import QuantFlagsParser
 from neuron_port.errors import NeuronPortError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="neuron-port", description="Port Hugging Face decoders to AWS Inferentia2.")
+    parser = QuantFlagsParser(prog="neuron-port", description="Port Hugging Face decoders to AWS Inferentia2.")
     parser.add_argument("--version", action="version", version=f"neuron-port {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in MODULES:

@@ -16,7 +16,9 @@ def recipe_parser(description: str, tp: int | None = None) -> argparse.ArgumentP
 
     ``--tp`` defaults to ``tp``; None means the capacity planner's recommendation (a recipe plans at
     ``--tp`` and uses the degree the plan was made at)."""
-    ap = argparse.ArgumentParser(description=description)
+    from neuron_port.cli.commands.common import QuantFlagsParser, add_quant_option
+
+    ap = QuantFlagsParser(description=description)
     ap.add_argument("--model-dir", help="a local model directory with real weights (default: tiny random weights)")
     ap.add_argument(
         "--backend",
@@ -38,20 +40,15 @@ def recipe_parser(description: str, tp: int | None = None) -> argparse.ArgumentP
         choices=["fp32", "bf16"],
         help="dtype of the graphs, weights and KV store (Inferentia2 runs bf16; the check's logit bound follows the dtype)",
     )
-    ap.add_argument(
-        "--quant",
-        default="none",
-        choices=["none", "int8"],
-        help="int8: weight-only int8 projections (per output channel, fp32 scales), checked against the same "
-        "quantized model (cpu and xla backends)",
-    )
+    add_quant_option(ap, what="int8: weight-only int8 projections (per output channel, fp32 scales), checked against the "
+                     "same quantized model (cpu and xla backends)")
     return ap
 
 
 def load_checked(name: str, model_dir: str | None, dtype: str = "fp32", quant: str = "none") -> tuple[Any, dict[str, Any]]:
     """Real weights from ``model_dir`` (every parameter and buffer checked against transformers'
     own ``from_pretrained``, quantized the same way) or tiny random ones, in ``dtype`` (``fp32`` or
-    ``bf16``), projections in ``quant`` (``none`` or ``int8``).
+    ``bf16``), weights in ``quant`` (:data:`~neuron_port.model.quant.QUANT_SCHEMES`).
 
     Returns the model and its source record; prints which tensors, if any, differ."""
     from neuron_port.model.loading import load_source, parse_dtype

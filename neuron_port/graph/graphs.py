@@ -144,7 +144,7 @@ class StaticLMGraph(nn.Module):
         )
         hidden = out.last_hidden_state  # [batch, seq, hidden]
         last = torch.einsum("bs,bsh->bh", last_onehot.to(hidden.dtype), hidden)
-        logits = last @ self.family.lm_head_weight(self.model).t()
+        logits = self.family.head_logits(self.model, last)
         return (logits, *cache.outputs())
 
 

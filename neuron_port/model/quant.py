@@ -12,8 +12,11 @@ halves its share of the step.
 * :class:`Int8Linear`: the projection that holds them;
 * :func:`quantize_model`: every decoder layer's attention and MLP projections replaced by
   :class:`Int8Linear` (the LM head and the host tables stay as they are);
-* :func:`apply_quant` / :func:`quant_of`: a ``--quant`` scheme applied to a model, and read back
-  from one (``"none"`` or ``"int8"``), so a scheme is chosen once and travels with the model.
+* :func:`quantize_head`: the LM head too (``--quant-head``), untied from the word table when the
+  model ties them: the host keeps the float table it gathers rows from, the device reads an int8 head;
+* :func:`apply_quant` / :func:`quant_of`: a scheme applied to a model, and read back from one
+  (``"none"``, ``"int8"``, or ``"int8+head"`` for ``--quant int8 --quant-head``), so a scheme is
+  chosen once and travels with the model.
 
 The scale stays fp32 whatever the model's dtype: :meth:`Int8Linear._apply` keeps it through
 ``.to(dtype)``, and :data:`FP32_BUFFERS` names it for the loader's casts.
@@ -27,7 +30,9 @@ from torch import nn
 from neuron_port.errors import AdapterError, ConfigError
 
 QMAX = 127
-QUANT_SCHEMES = ("none", "int8")
+QUANT_SCHEMES = ("none", "int8", "int8+head")
+HEAD_SCHEMES = ("int8+head",)
+"""Schemes that store the LM head in int8 as well as the decoder projections."""
 FP32_BUFFERS = ("scale",)
 """Buffers of an :class:`Int8Linear` that a dtype cast of the model leaves in fp32."""
 
@@ -115,6 +120,37 @@ def quantize_model(model: nn.Module) -> int:
     return replaced
 
 
+def quantize_head(model: nn.Module) -> Int8Linear:
+    """Replace the CausalLM's LM head with an :class:`Int8Linear` of its weight, in place, and return it.
+
+    A head tied to the word table is untied first: the word table stays float (the host gathers its
+    rows), the head becomes its own int8 matrix, and the config no longer ties them
+    (:meth:`~neuron_port.families.decoder.DecoderFamily.untie_embeddings`), so neither a save nor
+    transformers' ``tie_weights`` ties them again. Refused where the head is not a
+    plain projection, or where the family's adapter changes the head's weight
+    (:meth:`~neuron_port.families.decoder.DecoderFamily.lm_head_weight` overridden, Granite's folded
+    scale): quantizing the module would drop what the adapter adds."""
+    from neuron_port.families import family_of
+    from neuron_port.families.decoder import DecoderFamily
+
+    family = family_of(model)
+    head = family.head_module(model)
+    if not isinstance(head, nn.Linear):
+        raise AdapterError(f"{family.name}: --quant-head needs an nn.Linear LM head, found "
+                           f"{type(head).__name__ if head is not None else 'none'}")
+    if type(family).lm_head_weight is not DecoderFamily.lm_head_weight:
+        raise AdapterError(f"{family.name}: its adapter changes the LM head's weight (lm_head_weight), so --quant-head "
+                           "would drop that change; quantize the projections only (--quant int8)")
+    family.untie_embeddings(model)
+    quantized = Int8Linear.from_linear(head)
+    for name, child in model.named_children():
+        if child is head:
+            setattr(model, name, quantized)
+            return quantized
+    raise AdapterError(f"{family.name}: the LM head is not a direct child of {type(model).__name__}; --quant-head "
+                       "cannot replace it")
+
+
 def fp32_keys(model: nn.Module) -> frozenset[str]:
     """State-dict keys that stay fp32 whatever the model's dtype: every int8 projection's scales."""
     return frozenset(f"{name}.{buf}" for name, m in model.named_modules() if isinstance(m, Int8Linear)
@@ -129,20 +165,50 @@ def check_scheme(scheme: str) -> str:
 
 
 def apply_quant(model: nn.Module, scheme: str) -> nn.Module:
-    """``model`` with ``scheme`` applied in place (``"none"``: unchanged; ``"int8"``: :func:`quantize_model`).
-    A model already quantized is refused: quantizing twice would requantize the dequantized rows."""
+    """``model`` with ``scheme`` applied in place (``"none"``: unchanged; ``"int8"``: :func:`quantize_model`;
+    ``"int8+head"``: that and :func:`quantize_head`). A model already quantized is refused: quantizing
+    twice would requantize the dequantized rows."""
     if check_scheme(scheme) == "none":
         return model
     if quant_of(model) != "none":
         raise ValueError(f"the model is already quantized ({quant_of(model)}); apply --quant once")
     quantize_model(model)
+    if scheme in HEAD_SCHEMES:
+        quantize_head(model)
     return model
 
 
 def quant_of(model: nn.Module) -> str:
-    """The scheme ``model``'s projections are stored in: ``"int8"`` when any is an :class:`Int8Linear`."""
-    return "int8" if any(isinstance(m, Int8Linear) for m in model.modules()) else "none"
+    """The scheme ``model``'s weights are stored in: ``"int8"`` when any projection is an
+    :class:`Int8Linear`, ``"int8+head"`` when its LM head is one too, ``"none"`` otherwise."""
+    from neuron_port.families import family_of
+
+    if not any(isinstance(m, Int8Linear) for m in model.modules()):
+        return "none"
+    return "int8+head" if isinstance(family_of(model).head_module(model), Int8Linear) else "int8"
 
 
-__all__ = ["QMAX", "QUANT_SCHEMES", "FP32_BUFFERS", "quantize_rows", "Int8Linear", "quantize_model", "fp32_keys", "check_scheme",
-           "apply_quant", "quant_of"]
+def scheme_from_flags(quant: str, quant_head: bool) -> str:
+    """The scheme of the command-line flags ``--quant`` and ``--quant-head`` (which needs ``--quant int8``)."""
+    check_scheme(quant)
+    if not quant_head:
+        return quant
+    if quant != "int8":
+        raise ConfigError(f"--quant-head stores the LM head in int8 beside the projections: it needs --quant int8, "
+                          f"found --quant {quant}")
+    return "int8+head"
+
+
+def scheme_flags(scheme: str) -> str:
+    """The command-line flags that name ``scheme`` (``"int8+head"``: ``--quant int8 --quant-head``)."""
+    return "--quant int8 --quant-head" if check_scheme(scheme) in HEAD_SCHEMES else f"--quant {scheme}"
+
+
+def head_quantized(scheme: str) -> bool:
+    """Whether ``scheme`` stores the LM head in int8."""
+    return check_scheme(scheme) in HEAD_SCHEMES
+
+
+__all__ = ["QMAX", "QUANT_SCHEMES", "HEAD_SCHEMES", "FP32_BUFFERS", "quantize_rows", "Int8Linear", "quantize_model",
+           "quantize_head", "fp32_keys", "check_scheme", "apply_quant", "quant_of", "scheme_from_flags", "scheme_flags",
+           "head_quantized"]

@@ -2,7 +2,7 @@
 
 Device parameters per core = replicated parameters + sharded parameters / tp, from the layout and
 the shard plan: q/o and MLP split by tp, k/v by the KV heads each rank holds (replicated when
-n_kv < tp), norms and per-layer-input projections replicated, the tied LM head (vocab x hidden)
+n_kv < tp), norms and per-layer-input projections replicated, the LM head (vocab x hidden)
 replicated. Embedding tables stay on the host unless asked otherwise. Real parameter counts, from
 the Hugging Face class built on the meta device (no memory), never "effective" ones. By kind
 (:class:`CoreParams`): the projections (what weight-only int8 stores at one byte, with an fp32
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from neuron_port.model.layout import Layout
-from neuron_port.model.quant import QUANT_SCHEMES
+from neuron_port.model.quant import HEAD_SCHEMES, QUANT_SCHEMES
 from neuron_port.parallel.sharding import plan_model
 
 SCALE_BYTES = 4  # an int8 projection's per-output-channel scale is fp32
@@ -33,25 +33,36 @@ class CoreParams:
     """What one core holds, by kind (elements): ``projections`` (attention q, k, v, o and the MLP's
     weights: what ``--quant int8`` stores at one byte), ``projection_rows`` (their output channels on
     this core: one scale each when quantized; a row-parallel projection's scales are replicated),
-    ``other`` (norms, layer scalars, per-layer-input projection, the tied LM head; tables when on
-    the device)."""
+    ``head`` (the LM head, vocab x hidden, replicated; what ``--quant-head`` stores at one byte with
+    ``head_rows`` scales), ``other`` (norms, layer scalars, per-layer-input projection; tables when
+    on the device) and ``tied_table``: the word table on the device, which a float head is (so it is
+    counted once) and an int8 head is not (``--quant-head`` unties them)."""
 
     projections: int
     projection_rows: int
+    head: int
+    head_rows: int
     other: int
+    tied_table: int = 0
 
     @property
     def total(self) -> int:
-        return self.projections + self.other
+        return self.projections + self.head + self.other
 
     def weight_bytes(self, dtype_bytes: int, quant: str = "none") -> int:
-        """Bytes of these weights at ``dtype_bytes`` per element, projections at one byte plus their
-        fp32 scales under ``quant="int8"``."""
+        """Bytes of these weights at ``dtype_bytes`` per element; under ``quant="int8"`` the projections
+        at one byte plus their fp32 scales, under ``"int8+head"`` the LM head too (and a word table on
+        the device, no longer the head's, at ``dtype_bytes``)."""
         if quant not in QUANT_SCHEMES:
             raise ValueError(f"quant must be one of {QUANT_SCHEMES}, found {quant!r}")
-        if quant == "int8":
-            return self.projections + SCALE_BYTES * self.projection_rows + self.other * dtype_bytes
-        return self.total * dtype_bytes
+        if quant == "none":
+            return self.total * dtype_bytes
+        projections = self.projections + SCALE_BYTES * self.projection_rows
+        if quant in HEAD_SCHEMES:
+            head = self.head + SCALE_BYTES * self.head_rows + self.tied_table * dtype_bytes
+        else:
+            head = self.head * dtype_bytes
+        return projections + head + self.other * dtype_bytes
 
 
 _CORE_PARAMS: dict[tuple[Layout, int, bool], CoreParams] = {}
@@ -102,10 +113,12 @@ def _count_core_params(layout: Layout, config: Any, tp: int, embeddings_on_devic
     for p in text.parameters():
         if id(p) not in layer_ids and id(p) not in emb_ids:
             other += p.numel()  # final norm, per-layer-input projection and its norm (replicated)
-    other += layout.vocab_size * layout.hidden_size  # tied LM head on the device
+    head = layout.vocab_size * layout.hidden_size  # the LM head on the device (replicated)
+    tied_table = 0
     if embeddings_on_device:
-        other += layout.params.per_layer_embedding  # word table is the tied head, already counted
-    return CoreParams(projections, rows, other)
+        other += layout.params.per_layer_embedding
+        tied_table = head  # the word table: the tied head's memory, unless --quant-head unties them
+    return CoreParams(projections, rows, head, layout.vocab_size, other, tied_table)
 
 
 @functools.lru_cache(maxsize=64)

@@ -222,3 +222,14 @@ def test_models_the_nxd_layers_cannot_carry_are_refused_before_tracing(name, ref
     for ok in ("gemma-4-e2b", "llama"):
         model = build_model(load_config(ok, tiny=True), seed=0)
         nxd.check_nxd_supported(model, RankSetup.for_layout(describe(model), 1))
+
+
+def test_an_int8_head_is_refused_on_nxd_and_int8_projections_pass():
+    from neuron_port.errors import ShardingError
+    from neuron_port.model.quant import apply_quant
+
+    model = apply_quant(build_model(load_config("gemma-4-e2b", tiny=True), seed=0), "int8")
+    nxd.check_nxd_supported(model, RankSetup.for_layout(describe(model), 1))
+    model = apply_quant(build_model(load_config("gemma-4-e2b", tiny=True), seed=0), "int8+head")
+    with pytest.raises(ShardingError, match="--quant-head on nxd: not built"):
+        nxd.check_nxd_supported(model, RankSetup.for_layout(describe(model), 1))

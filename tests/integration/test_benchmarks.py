@@ -131,11 +131,12 @@ def test_int8_accuracy_smoke(smollm2_dir):
     out = _run_here("int8_accuracy.py", "--smoke", "--json")
     (row,) = out["results"]
     assert row["model"] == "smollm2-135m" and row["prompts"] == 2 and row["new_tokens"] == 4 and row["ppl_tokens"] == 256
-    for side in ("int8", "int8_bf16", "bf16", "quanto_int8"):
+    for side in ("int8", "int8_bf16", "bf16", "quanto_int8", "int8_head", "quanto_int8_head"):
         assert 0 <= row[side]["identical_share"] <= 1 and row[side]["logit_error"]["steps"] == 8
         assert 1 < row[side]["perplexity"] < 1e3
     # the port's int8 computes the quantized model exactly, and the quantization really changed the logits
     assert row["int8_exact"]["max_logit_error"] < 1e-4 < row["int8"]["logit_error"]["max"]
+    assert row["int8_head_exact"]["max_logit_error"] < 1e-4 and 0.9 < row["int8_head_to_peer_perplexity_ratio"] < 1.1
     assert row["int8"]["perplexity"] != row["reference_perplexity"]
 
 

@@ -18,7 +18,18 @@ from neuron_port.graph.shapes import PortShape
 from neuron_port.model.configs import load_config
 from neuron_port.model.layout import describe
 from neuron_port.model.loading import QUANT_KEY, build_model, cast_weights, load_model_dir, model_from_name, save_model_dir
-from neuron_port.model.quant import QMAX, Int8Linear, apply_quant, fp32_keys, quant_of, quantize_model, quantize_rows
+from neuron_port.model.quant import (
+    QMAX,
+    Int8Linear,
+    apply_quant,
+    fp32_keys,
+    quant_of,
+    quantize_head,
+    quantize_model,
+    quantize_rows,
+    scheme_flags,
+    scheme_from_flags,
+)
 
 
 @given(st.integers(1, 6), st.integers(1, 9), st.floats(1e-3, 1e3), st.integers(0, 999))
@@ -82,7 +93,7 @@ def test_the_scales_stay_fp32_through_every_cast_and_a_scheme_applies_once():
     assert set(fp32_keys(model)) == {f"{name}.scale" for name, m in model.named_modules() if isinstance(m, Int8Linear)}
     with pytest.raises(ValueError, match="already quantized"):
         apply_quant(model, "int8")
-    with pytest.raises(ValueError, match="quant must be one of none, int8, found 'int4'"):
+    with pytest.raises(ValueError, match="quant must be one of none, int8, int8\\+head, found 'int4'"):
         apply_quant(model, "int4")
 
 
@@ -109,3 +120,53 @@ def int8_layers(model):
 def loaded_state_equals(a, b) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return sa.keys() == sb.keys() and all(sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_an_int8_head_is_untied_from_the_word_table_and_computes_the_logits():
+    """--quant-head: the tied head becomes its own int8 matrix (the word table the host gathers from stays
+    float and untouched), the config no longer ties them, and the logits are the dequantized head's."""
+    model = apply_quant(build_model(load_config("gemma-4-e2b", tiny=True), seed=0), "int8")
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied before
+    table = model.model.embed_tokens.weight.detach().clone()
+    ids = torch.tensor([[2, 5, 9, 14]])
+    hidden = model.model(ids).last_hidden_state
+    head = quantize_head(model)
+    assert quant_of(model) == "int8+head" and model.lm_head is head and head.weight.dtype == torch.int8
+    assert model.config.tie_word_embeddings is False and torch.equal(model.model.embed_tokens.weight, table)
+    family = describe(model).family
+    assert torch.allclose(family.head_logits(model, hidden), hidden @ head.dequantized().t(), atol=1e-5)
+    model.tie_weights()  # transformers' own re-tie leaves the int8 head alone
+    assert model.lm_head is head and model.lm_head.weight.dtype == torch.int8
+    float_head = (hidden @ table.t()).abs().max()
+    assert 0 < (family.head_logits(model, hidden) - hidden @ table.t()).abs().max() < 0.05 * float_head
+
+
+def test_the_head_flag_folds_into_one_scheme():
+    assert scheme_from_flags("int8", True) == "int8+head" and scheme_from_flags("int8", False) == "int8"
+    assert scheme_from_flags("none", False) == "none" and scheme_flags("int8+head") == "--quant int8 --quant-head"
+    with pytest.raises(ValueError, match="--quant-head .* needs --quant int8, found --quant none"):
+        scheme_from_flags("none", True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_int8_head_directory_loads_back_untied(tmp_path, dtype):
+    model = model_from_name("gemma-4-e2b", tiny=True, dtype=dtype, quant="int8+head")
+    saved = save_model_dir(model, tmp_path / "head")
+    fields = json.loads((saved / "config.json").read_text())
+    assert fields[QUANT_KEY] == "int8+head" and fields["tie_word_embeddings"] is False
+    loaded = load_model_dir(saved, dtype=dtype)
+    assert quant_of(loaded) == "int8+head" and loaded_state_equals(loaded, model)
+    assert loaded.lm_head.scale.dtype == torch.float32 and loaded.model.embed_tokens.weight.dtype == dtype
+    ids = torch.tensor([[2, 5, 9, 14]])
+    assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_a_head_the_adapter_changes_or_a_fused_family_is_refused(monkeypatch):
+    from neuron_port.errors import AdapterError
+
+    model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
+    family = describe(model).family
+    monkeypatch.setattr(type(family), "lm_head_weight", lambda self, m: 2.0 * m.lm_head.weight)  # a folded scale
+    with pytest.raises(AdapterError, match="changes the LM head's weight"):
+        quantize_head(model)
+    assert isinstance(model.lm_head, torch.nn.Linear) and model.config.tie_word_embeddings  # nothing half-done

@@ -58,6 +58,15 @@ def test_projections_and_their_output_channels_are_what_a_rank_shard_holds(name,
     assert (counted.projections, counted.projection_rows) == (elements, rows)
     assert counted.total == device_params_per_core(layout, model.config, tp)
     bf16, int8 = counted.weight_bytes(2), counted.weight_bytes(2, "int8")
-    assert int8 == elements + 4 * rows + 2 * counted.other and bf16 == 2 * counted.total
+    head = layout.vocab_size * layout.hidden_size  # replicated on every core
+    assert (counted.head, counted.head_rows) == (head, layout.vocab_size)
+    assert int8 == elements + 4 * rows + 2 * (head + counted.other) and bf16 == 2 * counted.total
+    # --quant-head: the head at one byte plus a scale per vocab row
+    assert counted.weight_bytes(2, "int8+head") == int8 - 2 * head + head + 4 * layout.vocab_size
+    on_device = core_params(layout, model.config, tp, embeddings_on_device=True)
+    # a word table on the device is the float head's memory; an int8 head unties them, so the table counts too
+    assert on_device.weight_bytes(2) - bf16 == 2 * layout.params.per_layer_embedding
+    assert on_device.weight_bytes(2, "int8+head") - counted.weight_bytes(2, "int8+head") == 2 * (
+        layout.params.per_layer_embedding + head)
     with pytest.raises(ValueError, match="quant must be one of"):
         counted.weight_bytes(2, "int4")

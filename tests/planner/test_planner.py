@@ -124,6 +124,19 @@ def test_int8_weights_halve_the_projections_and_keep_the_head():
     e2b = load_config("gemma-4-e2b")
     counted = core_params(describe(e2b), e2b, 1)
     plan = plan_capacity(describe(e2b), e2b, "gemma-4-e2b", TARGETS["inf2.xlarge"], quant="int8")
-    assert plan.per_core_bytes["weights"] == counted.projections + 4 * counted.projection_rows + 2 * counted.other
+    assert plan.per_core_bytes["weights"] == counted.projections + 4 * counted.projection_rows + 2 * (
+        counted.head + counted.other)
     with pytest.raises(ValueError, match="quant must be one of"):
         plan_capacity(describe(e2b), e2b, "gemma-4-e2b", TARGETS["inf2.xlarge"], quant="fp4")
+
+
+def test_an_int8_head_takes_the_replicated_head_to_one_byte_too():
+    """--quant-head on the 12B at tp 2: the vocab x hidden head, replicated on both cores, drops from two
+    bytes per element to one plus an fp32 scale per vocab row."""
+    int8, head = (_plan_json("gemma-4-12b", "--tp", "2", "--quant", "int8", *extra) for extra in ((), ("--quant-head",)))
+    assert head["quant"] == "int8+head"
+    config = load_config("gemma-4-12b")
+    layout = describe(config)
+    saved = layout.vocab_size * layout.hidden_size - 4 * layout.vocab_size
+    assert int8["per_core_bytes"]["weights"] - head["per_core_bytes"]["weights"] == saved
+    assert head["roofline_tok_per_s"] > int8["roofline_tok_per_s"]

@@ -28,8 +28,9 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     check_backend_tp(args.backend, args.tp)
     if args.quant != "none" and args.backend != "cpu":
         from neuron_port.errors import ArtifactError
+        from neuron_port.model.quant import scheme_flags
 
-        raise ArtifactError(f"compile --backend {args.backend} --quant {args.quant}: not built yet (neuronx-distributed's "
+        raise ArtifactError(f"compile --backend {args.backend} {scheme_flags(args.quant)}: not built yet (neuronx-distributed's "
                             "quantized layers carry the library's int8 checkpoint, checked against its own code in "
                             "tests/nxd, but the artifact's ModelBuilder trace of them is not). Use --backend cpu, or "
                             "'port --backend xla --quant int8' to see the lowering")
@@ -79,6 +80,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from neuron_port.generation.request import GenerationRequest
     from neuron_port.model.configs import load_config
     from neuron_port.model.loading import parse_dtype
+    from neuron_port.model.quant import scheme_flags
     from neuron_port.model.tokenizer import decode_completion
 
     manifest = verify(args.dir, args.allow_version_mismatch)
@@ -87,8 +89,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                             f"compile it again with --dtype {args.dtype}, or drop --dtype")
     compiled_quant = manifest["source"].get("quant", "none")
     if args.quant is not None and args.quant != compiled_quant:
-        raise ArtifactError(f"--quant {args.quant}: the artifact {args.dir} was compiled with --quant {compiled_quant}; "
-                            f"compile it again with --quant {args.quant}, or drop --quant")
+        asked, compiled = scheme_flags(args.quant), scheme_flags(compiled_quant)
+        raise ArtifactError(f"{asked}: the artifact {args.dir} was compiled with {compiled}; compile it again with "
+                            f"{asked}, or drop --quant")
     config = load_config(Path(args.dir) / "config.json")
     family = family_for(config.model_type)
     special = family.special_ids(config)
@@ -139,8 +142,8 @@ def add(sub) -> None:
                      help="never stop at end-of-sequence (the default for --prompt-len random prompts)")
     p.add_argument("--dtype", default=None, choices=["fp32", "bf16"],
                    help="the dtype the artifact must have been compiled in (an artifact keeps its own; default: any)")
-    p.add_argument("--quant", default=None, choices=["none", "int8"],
-                   help="the weight scheme the artifact must have been compiled with (it keeps its own; default: any)")
+    add_quant_option(p, default=None, what="the weight scheme the artifact must have been compiled with (it keeps its own; "
+                     "default: any)")
     p.add_argument("--check", action="store_true", help="compare with HF generate on the artifact's own checkpoint and run the "
                    "self-checks an artifact allows (host embedding files, every step's logits)")
     p.add_argument("--allow-version-mismatch", action="store_true",

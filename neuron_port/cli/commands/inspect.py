@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from neuron_port.cli.commands.common import int_list, print_json
+from neuron_port.cli.commands.common import add_quant_option, int_list, print_json
 
 
 def _cmd_describe(args: argparse.Namespace) -> int:
@@ -103,9 +103,8 @@ def add(sub) -> None:
     )
     p.add_argument("--tp", type=int, default=None, help="plan at this degree (default: the recommended one)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
-    p.add_argument("--quant", default="none", choices=["none", "int8"],
-                   help="int8: weight-only, per output channel (projections at one byte plus fp32 scales; norms and "
-                   "the LM head at --dtype)")
+    add_quant_option(p, what="int8: weight-only, per output channel (projections at one byte plus fp32 scales; norms and "
+                     "the LM head at --dtype, unless --quant-head)")
     p.add_argument("--context", type=int, default=2048, help="KV length")
     p.add_argument("--buckets", type=int_list, default=[128])
     p.add_argument("--batch", type=int, default=1)
