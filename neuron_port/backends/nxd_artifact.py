@@ -46,13 +46,18 @@ from neuron_port.model.tensorfile import read_header
 from neuron_port.parallel.ranks import RankSetup
 
 GRAPHS_FILE = "nxd_graphs.json"
+ROW_KV_WRITES = True
+"""Decode graphs traced by ModelBuilder write their new K/V rows by a scatter into the aliased store
+(what NxD Inference's ``kv_cache_manager`` does), not by a blend over the whole store."""
 
 
 def resident_factory(model: nn.Module, setup: RankSetup, stores: StoreShapes, kind: str, size: int,
                       kv_shapes: list[torch.Size], kv_dtype: torch.dtype) -> Callable[[], KVResident]:
     """What ModelBuilder's ``load_module`` calls under NxD's parallel state: a :func:`device_copy` of
     ``model`` (no host tables, its own head, the original's tensors shared) with the plan's parallel
-    layers, its ``kind`` graph of ``size``, the rank-local KV store as parameters."""
+    layers, its ``kind`` graph of ``size``, the rank-local KV store as parameters. A decode graph
+    writes its new rows only (:func:`~neuron_port.graph.kv.row_write`: a scatter along the sequence
+    into the aliased store, NxD Inference's own decode write) instead of blending the whole store."""
     dtype = next(model.parameters()).dtype
 
     def make() -> KVResident:
@@ -61,6 +66,7 @@ def resident_factory(model: nn.Module, setup: RankSetup, stores: StoreShapes, ki
             graph: nn.Module = PrefillGraph(shard, stores.specs[stores.prefill_kv[size]], size)
         else:
             graph = DecodeGraph(shard, stores.specs[size])
+            graph.row_kv_writes = ROW_KV_WRITES
         return KVResident(graph, kv_shapes, kv_dtype)
 
     return make
@@ -90,7 +96,7 @@ def write_nxd_rank(rank_dir: Path, model: nn.Module, setup: RankSetup, shape: Po
         build(graphs, lambda: traced_checkpoint(model, setup), setup.tp, rank_dir, compiler_args, compiler_workdir=workdir)
     (rank_dir / GRAPHS_FILE).write_text(json.dumps({"tp": setup.tp, "graphs": keys}, indent=2))
     host = shape.stores(setup.layout)
-    return {"kv_layout": host.kv_layout(), "runners": {"inplace_kv_writes": False}}
+    return {"kv_layout": host.kv_layout(), "runners": {"inplace_kv_writes": False, "row_kv_writes": ROW_KV_WRITES}}
 
 
 def shard_bytes(rank_dir: Path) -> list[int]:
@@ -109,6 +115,7 @@ class NxdBackend:
 
     name = "nxd"
     inplace_kv_writes = False
+    row_kv_writes = ROW_KV_WRITES
 
     def compile(self, graph: nn.Module, example_inputs, aliases):
         raise NeuronPortError("the nxd backend traces every graph at once with ModelBuilder; build an artifact "
@@ -129,4 +136,4 @@ class NxdBackend:
         return {f: ResidentKVRunner(executor, int(recorded["graphs"][f]["inputs"])) for f in files}
 
 
-__all__ = ["GRAPHS_FILE", "resident_factory", "write_nxd_rank", "shard_bytes", "NxdBackend"]
+__all__ = ["GRAPHS_FILE", "ROW_KV_WRITES", "resident_factory", "write_nxd_rank", "shard_bytes", "NxdBackend"]

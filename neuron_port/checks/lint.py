@@ -4,7 +4,11 @@ The graphs of the tiny variant are traced on the CPU (TorchScript, the same expo
 backend saves) and every op is inspected:
 
 * ``scatter`` / ``index_put`` / ``nonzero`` / ``masked_select`` / ``unique``: data-dependent
-  indexing or shapes — write caches as one-hot blends instead;
+  indexing or shapes — write caches as one-hot blends instead. One exception: an out-of-place
+  ``scatter`` whose result the graph returns is a KV store written back by rows, the decode write
+  NxD Inference itself uses into its aliased cache (and the one the neuron and nxd backends'
+  decode graphs use, :data:`~neuron_port.backends.nxd_artifact.ROW_KV_WRITES`): reported as
+  ``kv-row-write`` (info), not as an error;
 * ``embedding`` over the vocabulary: the table belongs on the host;
 * any elementwise op whose output spans the vocabulary (found on the tiny graph by the tiny
   vocab size) — its SBUF working set is computed with the *real* config's vocabulary.
@@ -31,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from neuron_port.backends.nxd_artifact import ROW_KV_WRITES
 from neuron_port.checks.check import Check
 from neuron_port.errors import AdapterError
 from neuron_port.generation.logits import softcap
@@ -103,10 +108,43 @@ def _shape_derived(value, memo: dict) -> bool:
     return result
 
 
+_PACK = {"prim::TupleConstruct", "prim::ListConstruct"}
+_UNPACK = {"prim::TupleUnpack", "prim::ListUnpack"}
+
+
+def _unpacked_source(value):
+    """The value a traced value is, through tuple and list packing: an item unpacked from a tuple
+    built in the graph is that tuple's item."""
+    while value.node().kind() in _UNPACK:
+        node = value.node()
+        packed = next(iter(node.inputs())).node()
+        if packed.kind() not in _PACK:
+            break
+        value = list(packed.inputs())[list(node.outputs()).index(value)]
+    return value
+
+
+def _returned_values(graph) -> set[str]:
+    """Debug names of the values a traced graph returns: a returned tuple's items, each followed back
+    through the packing and unpacking the trace keeps (Hugging Face's caches hand K/V around in tuples)."""
+    names = set()
+    for out in graph.outputs():
+        producer = out.node()
+        items = producer.inputs() if producer.kind() in _PACK else [out]
+        names.update(_unpacked_source(v).debugName() for v in items)
+    return names
+
+
 def _scan(traced: torch.jit.ScriptModule, name: str, tiny_vocab: int, real: Layout, dtype_bytes: int) -> list[Check]:
     findings = []
-    for node in traced.inlined_graph.nodes():
+    graph = traced.inlined_graph
+    returned = _returned_values(graph)
+    row_writes = 0
+    for node in graph.nodes():
         kind = node.kind()
+        if kind == "aten::scatter" and all(out.debugName() in returned for out in node.outputs()):
+            row_writes += 1  # a KV store written back by rows: NxD Inference's decode write (module doc)
+            continue
         if kind in ("aten::Int", "aten::item", "aten::Float", "aten::Bool"):
             source = next(iter(node.inputs()))
             producer = source.node().kind()
@@ -149,6 +187,10 @@ def _scan(traced: torch.jit.ScriptModule, name: str, tiny_vocab: int, real: Layo
                                 "sampling needs it (argmax is softcap-invariant)",
                             )
                         )
+    if row_writes:
+        findings.append(Check.finding("kv-row-write", "info", f"{name}: {row_writes} aten::scatter",
+                                      "KV stores written back by rows (a scatter the graph returns into its aliased "
+                                      "store), as NxD Inference's decode writes its cache", "none needed"))
     return findings
 
 
@@ -158,6 +200,7 @@ def _graph_findings(tiny_config, real: Layout, softcap_in_graph: bool, dtype_byt
     tiny = describe(model)
     port = Port.over_model(model, PortShape(16, 32), tiny, owned=True)  # built here for this port alone
     flat = [[*inputs, *store] for inputs, store in (port.inputs.example_prefill(16), port.inputs.example_decode(32))]
+    port.graphs.decode[32].row_kv_writes = ROW_KV_WRITES  # decode as the neuron and nxd backends trace it
     graphs = {"prefill_16": (port.graphs.prefill[16], flat[0]), "decode_32": (port.graphs.decode[32], flat[1])}
     if softcap_in_graph:
         graphs = {k: (_SoftcapInGraph(g, tiny.softcap or 30.0), x) for k, (g, x) in graphs.items()}

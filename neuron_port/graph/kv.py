@@ -231,8 +231,8 @@ def scatter_write_(buf: torch.Tensor, new: torch.Tensor, onehot: torch.Tensor) -
     buf: [batch, heads, slots, head_dim]; new: [batch, heads, 1, head_dim]; onehot: [batch, 1,
     slots] with exactly one 1 per row (a decode step always writes its position). Returns
     ``buf`` itself. Only for backends that allow data-dependent in-place writes (the CPU
-    backend): the buffer is not copied every step. Neuron graphs keep :func:`onehot_write`
-    (``neuron-port lint`` flags scatter).
+    backend): the buffer is not copied every step. Neuron graphs use :func:`row_write` in decode
+    (out of place, the store aliased by the graph; ``neuron-port lint`` flags any other scatter).
     """
     b, h, _, d = buf.shape
     slot = onehot[:, 0, :].argmax(dim=-1)  # [batch]

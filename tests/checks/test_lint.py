@@ -26,6 +26,9 @@ def test_lint_reports_softcap_overflow_only_when_in_graph():
     assert "host" in tanh[0]["fix"]
     good = lint_model("gemma-4-e2b")
     assert good["errors"] == 0
+    # decode as the neuron/nxd backends trace it: its K/V written back by rows (NxD Inference's own decode write)
+    rows = [f for f in good["findings"] if f["rule"] == "kv-row-write"]
+    assert len(rows) == 1 and rows[0]["where"].startswith("decode_32:") and rows[0]["severity"] == "info"
     assert not [f for f in good["findings"] if f["rule"] in ("sbuf-overflow-vocab-elementwise", "neuron-hostile-op")]
     assert SBUF_BYTES_PER_PARTITION == 196_608
 
@@ -51,3 +54,26 @@ def test_lint_cli_12b_warns_about_fused_attention_window():
     res = run_cli("lint", "gemma-4-12b", "--json")
     d = json.loads(res.stdout)
     assert any(f["rule"] == "fused-attention-window" and "1024" in f["where"] for f in d["findings"])
+
+
+def test_only_a_scatter_the_graph_returns_is_a_kv_row_write():
+    """A scatter whose result is returned (through the tuples a cache hands around) is a store written back
+    by rows; one that feeds anything else is still a data-dependent write, an error."""
+    from neuron_port.checks.lint import _scan, _trace
+
+    class RowWrite(torch.nn.Module):
+        def forward(self, buf, slot, new):
+            pair = (buf.scatter(0, slot, new), new)
+            key, _ = pair
+            return new.sum(), key
+
+    class ScatterUsed(torch.nn.Module):
+        def forward(self, buf, slot, new):
+            return buf.scatter(0, slot, new).sum()
+
+    real = describe(load_config("gemma-4-e2b"))
+    args = [torch.zeros(8, 4), torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 4)]
+    returned = _scan(_trace(RowWrite(), args), "g", 512, real, 2)
+    assert [f.name for f in returned] == ["kv-row-write"] and not any(f.failed for f in returned)
+    used = _scan(_trace(ScatterUsed(), args), "g", 512, real, 2)
+    assert any(f.name == "neuron-hostile-op" and "scatter" in f.where and f.failed for f in used)

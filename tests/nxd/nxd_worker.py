@@ -101,9 +101,10 @@ def _run(rank: int, tp: int, name: str, port: int, expand_kv: bool, resident: bo
 
 
 def _run_resident(rank: int, tp: int, name: str, source, setup, get_sharded_checkpoint) -> dict:
-    """What an nxd artifact's ModelBuilder traces for a prefill key (the module its ``load_module``
-    builds, with NxD's parallel layers and the rank-local KV store as parameters), given this
-    rank's shard of the checkpoint keyed as the traced module names it, by NxD's own sharding."""
+    """What an nxd artifact's ModelBuilder traces for a prefill key and then a decode key (the modules its
+    ``load_module`` builds, with NxD's parallel layers and the rank-local KV store as parameters), given
+    this rank's shard of the checkpoint keyed as the traced module names it, by NxD's own sharding; the
+    decode module starts from the store the prefill wrote, and writes its new rows by scatter."""
     import torch
 
     from neuron_port.backends.nxd import traced_checkpoint
@@ -119,25 +120,41 @@ def _run_resident(rank: int, tp: int, name: str, source, setup, get_sharded_chec
     inputs = HostInputs(setup.layout, local, HostEmbeddings.from_model(source))
     _, store = inputs.example_prefill(16)
     kv = store.tensors()
-    make = resident_factory(model_from_name(name, tiny=True, seed=1), setup, local, "prefill", 16,
-                            [t.shape for t in kv], kv[0].dtype)
-    module = make()
-    checkpoint = traced_checkpoint(source, setup)
-    get_sharded_checkpoint(checkpoint, module, rank, tp)
-    missing, unexpected = module.load_state_dict(checkpoint, strict=False)
-    named = module.state_dict(keep_vars=True)
-    held = {id(named[n]) for n in checkpoint if n in named}
-    tied = {n for n, t in named.items() if id(t) in held}  # a tied head loads under the name the checkpoint gives
-    if [m for m in missing if not m.startswith("kv.") and m not in tied] or unexpected:
-        raise RuntimeError(f"rank {rank} shard: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+    def loaded(kind: str, size: int):
+        module = resident_factory(model_from_name(name, tiny=True, seed=1), setup, local, kind, size,
+                                  [t.shape for t in kv], kv[0].dtype)()
+        checkpoint = traced_checkpoint(source, setup)
+        get_sharded_checkpoint(checkpoint, module, rank, tp)
+        missing, unexpected = module.load_state_dict(checkpoint, strict=False)
+        named = module.state_dict(keep_vars=True)
+        held = {id(named[n]) for n in checkpoint if n in named}
+        tied = {n for n, t in named.items() if id(t) in held}  # a tied head loads under the name the checkpoint gives
+        if [m for m in missing if not m.startswith("kv.") and m not in tied] or unexpected:
+            raise RuntimeError(f"rank {rank} shard: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+        return module.eval()
+
+    module = loaded("prefill", 16)
     ids = torch.tensor([[2] + list(range(10, 20))])
     padded = torch.nn.functional.pad(ids, (0, 16 - ids.shape[1]))  # right-padded to the bucket
     step = inputs.prefill(padded, torch.tensor([ids.shape[1]]), 16)
     family = setup.layout.family
+    cap = family.softcap(family.text_config_of(source))
+    reference = reference_for_source(name, tiny=True, seed=0).eval()
     with torch.no_grad():
-        out = module.eval()(*step)
-        got = softcap(out[0][0], family.softcap(family.text_config_of(source)))
-        want = reference_for_source(name, tiny=True, seed=0).eval()(ids).logits[0, -1]
+        out = module(*step)
+        got = softcap(out[0][0], cap)
+        want = reference(ids).logits[0, -1]
+        # then one decode step on the decode key's module, its store the prefill's: new rows by scatter
+        decode = loaded("decode", 32)
+        for param, written_kv in zip(decode.kv, out[1:], strict=True):
+            param.copy_(written_kv)
+        token = int(want.argmax())
+        decoded = decode(*inputs.decode_fresh(torch.tensor([token]), torch.tensor([ids.shape[1]]), 32))
+        got_next = softcap(decoded[0][0], cap)
+        want_next = reference(torch.cat([ids, torch.tensor([[token]])], dim=1)).logits[0, -1]
     written = sum(float(t.abs().sum()) for t in out[1:])
     return {"max_abs_logit_diff": float((got - want).abs().max()), "max_abs_logit": float(want.abs().max()),
-            "kv_written": written > 0, "kv_outputs": len(out) - 1}
+            "kv_written": written > 0, "kv_outputs": len(out) - 1,
+            "decode_row_writes": bool(decode.graph.row_kv_writes),
+            "decode_max_abs_logit_diff": float((got_next - want_next).abs().max()),
+            "decode_max_abs_logit": float(want_next.abs().max())}

@@ -83,9 +83,10 @@ def test_nxd_parallel_layers_match_hugging_face(name, tp):
 
 @pytest.mark.parametrize("name,tp", [("gemma-4-e4b", 2), ("gemma-4-12b", 4)])
 def test_the_nxd_artifacts_traced_module_matches_hugging_face(name, tp):
-    """The module an nxd artifact's ModelBuilder traces for a prefill key (NxD's parallel layers,
-    the KV store as parameters), given NxD's shard of the checkpoint keyed as that module names
-    its weights: the last token's logits match Hugging Face's, and the store is written."""
+    """The modules an nxd artifact's ModelBuilder traces for a prefill key and a decode key (NxD's parallel
+    layers, the KV store as parameters), given NxD's shard of the checkpoint keyed as that module names
+    its weights: the last token's logits match Hugging Face's, the store is written, and a decode step
+    from that store (new rows written by scatter) gives Hugging Face's next logits."""
     results = run_ranks_on_nxd(name, tp, resident=True)
     for rank, out in enumerate(results):
         assert "error" not in out, f"rank {rank}: {out.get('error')}\n{out.get('trace')}"
@@ -93,6 +94,9 @@ def test_the_nxd_artifacts_traced_module_matches_hugging_face(name, tp):
               f"(largest |logit| {out['max_abs_logit']:.3g})", file=sys.stderr)
         assert out["max_abs_logit_diff"] <= RELATIVE_TOLERANCE * out["max_abs_logit"], out
         assert out["kv_written"] and out["kv_outputs"] > 0
+        # the decode key's module, from the store the prefill wrote, writing its new rows by scatter
+        assert out["decode_row_writes"]
+        assert out["decode_max_abs_logit_diff"] <= RELATIVE_TOLERANCE * out["decode_max_abs_logit"], out
 
 
 @pytest.mark.parametrize("name", ["gemma-4-e4b", "gemma-4-12b"])
