@@ -38,6 +38,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from neuron_port.model.quant import scheme_flags  # noqa: E402
 from tests.helpers import ServerProcess  # noqa: E402
 
 TASK_DATA = Path(__file__).resolve().parent / "lm_eval_tasks"
@@ -130,7 +131,8 @@ def measure(name: str, dtype: str, work: Path, limit: int | None, quants: tuple[
     ports = {}
     for quant in quants:
         # the tasks' prompts are short: one prompt bucket of 64 tokens and a KV length of 128 keep each step small
-        server = ServerProcess(str(directory), "--dtype", dtype, "--quant", quant, "--max-batch", "4", "--buckets", "64",
+        server = ServerProcess(str(directory), "--dtype", dtype, *scheme_flags(quant).split(), "--max-batch", "4",
+                               "--buckets", "64",
                                "--kv-lens", "128", timeout=600)
         try:
             # add_bos_token: the API model then tokenizes as the hf model does (the tokenizer's own special
@@ -152,7 +154,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--dtypes", default="fp32,bf16")
-    parser.add_argument("--quants", default="none", help="weight schemes of the served port: none, int8 or none,int8")
+    parser.add_argument("--quants", default="none", help="weight schemes of the served port, comma-separated: none, int8, int8+head (--quant int8 --quant-head)")
     parser.add_argument("--limit", type=int, default=None, help="items per task (default: all 32)")
     parser.add_argument("--smoke", action="store_true", help="SmolLM2 in fp32, 4 items per task")
     parser.add_argument("--json", action="store_true")

@@ -23,6 +23,7 @@ from neuron_port import describe, load_config
 from neuron_port.artifacts.writer import write_artifact
 from neuron_port.checks.selfcheck import checked_run_passed
 from neuron_port.checks.validation import check_in_fresh_process
+from neuron_port.cli.commands.common import QuantFlagsParser, add_quant_option
 from neuron_port.cli.recipe import load_checked
 from neuron_port.generation.chat import chat_format_of, stop_token_ids
 from neuron_port.generation.generate import generate
@@ -89,13 +90,12 @@ def port_one(name: str, args: argparse.Namespace, out_root: Path) -> bool:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = QuantFlagsParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(PRETRAINED), help="comma-separated: " + ", ".join(PRETRAINED))
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (gloo ranks on this machine)")
     ap.add_argument("--target", default="inf2.xlarge")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
-    ap.add_argument("--quant", default="none", choices=["none", "int8"],
-                    help="int8: weight-only int8 projections, checked against the same quantized model")
+    add_quant_option(ap, what="int8: weight-only int8 projections, checked against the same quantized model")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--out", help="folder for the artifacts (default: a temporary one)")
     args = ap.parse_args()

@@ -4,10 +4,11 @@ Formulas (all bytes; ``b`` = bytes per element of the dtype):
 
 * Device weights per core = (replicated parameters + sharded parameters / tp) x b, counted by
   :func:`neuron_port.parallel.per_core.device_params_per_core` (q/o and MLP split by tp, k/v by the
-  KV heads each rank holds, the tied LM head replicated; embedding tables stay on the host unless
+  KV heads each rank holds, the LM head replicated; embedding tables stay on the host unless
   asked otherwise). Real parameter counts, never "effective" ones. ``quant="int8"`` (weight-only,
   per output channel): the projections at one byte plus an fp32 scale per output channel on the
-  core; norms and the LM head stay at b.
+  core; norms and the LM head stay at b. ``quant="int8+head"``: the LM head at one byte too, with
+  an fp32 scale per vocabulary row.
 * A second graph: neuronx-distributed's ModelBuilder keeps one set of weights for all its keys
   (its NxDModel runs every bucket model over the same weights), which is the device path this
   library targets at every degree, and the CPU artifacts hold one weights file per rank; so the
@@ -274,7 +275,7 @@ def format_capacity_plan(plan: Plan) -> str:
     c = plan.per_core_bytes
     mib = 1 << 20
     lines = [
-        f"{plan.model} on {plan.target}, {plan.dtype}{', int8 weights' if plan.quant == 'int8' else ''}, "
+        f"{plan.model} on {plan.target}, {plan.dtype}{f', {plan.quant} weights' if plan.quant != 'none' else ''}, "
         f"tp {plan.tp} (recommended {plan.recommended_tp}), context {plan.context}",
         f"  per core: weights {c['weights'] / GiB:6.2f} GiB | second graph {c['second_graph'] / GiB:6.2f} GiB | "
         f"KV {c['kv'] / mib:8.1f} MiB | other {c['other'] / GiB:5.2f} GiB | "

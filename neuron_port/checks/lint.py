@@ -5,7 +5,8 @@ backend saves) and every op is inspected:
 
 * ``scatter`` / ``index_put`` / ``nonzero`` / ``masked_select`` / ``unique``: data-dependent
   indexing or shapes — write caches as one-hot blends instead. One exception: an out-of-place
-  ``scatter`` whose result the graph returns is a KV store written back by rows, the decode write
+  ``scatter`` along the sequence into a KV store input, whose result the graph returns, is that
+  store written back by rows, the decode write
   NxD Inference itself uses into its aliased cache (and the one the neuron and nxd backends'
   decode graphs use, :data:`~neuron_port.backends.nxd_artifact.ROW_KV_WRITES`): reported as
   ``kv-row-write`` (info), not as an error;
@@ -50,7 +51,8 @@ SBUF_BYTES_PER_PARTITION = 196_608
 FUSED_ATTENTION_WINDOW_LIMIT = 1024  # empirical (field report): 512 fits, 1024 overflows
 
 HOSTILE_OPS = {
-    "aten::scatter": "scatter: data-dependent writes; use a one-hot blend (neuron_port.graph.kv.onehot_write)",
+    "aten::scatter": "scatter: data-dependent writes; use a one-hot blend (neuron_port.graph.kv.onehot_write), or write "
+                     "a KV store input back by rows and return it (neuron_port.graph.kv.row_write)",
     "aten::scatter_": "scatter: data-dependent writes; use a one-hot blend (neuron_port.graph.kv.onehot_write)",
     "aten::index_put": "index_put: data-dependent writes; use a one-hot blend",
     "aten::index_put_": "index_put: data-dependent writes; use a one-hot blend",
@@ -135,16 +137,31 @@ def _returned_values(graph) -> set[str]:
     return names
 
 
-def _scan(traced: torch.jit.ScriptModule, name: str, tiny_vocab: int, real: Layout, dtype_bytes: int) -> list[Check]:
+def _is_kv_row_write(node, kv_inputs: set[str], returned: set[str]) -> bool:
+    """An out-of-place ``scatter`` along the sequence (dim 2 of ``[batch, heads, slots, head_dim]``) into a
+    KV store the graph takes as an input, whose result the graph returns: the store written back by rows."""
+    if node.kind() != "aten::scatter":
+        return False
+    target, dim = list(node.inputs())[:2]
+    dim_node = dim.node()
+    along_sequence = dim_node.kind() == "prim::Constant" and dim_node.i("value") == 2
+    return (along_sequence and _unpacked_source(target).debugName() in kv_inputs
+            and all(out.debugName() in returned for out in node.outputs()))
+
+
+def _scan(traced: torch.jit.ScriptModule, name: str, tiny_vocab: int, real: Layout, dtype_bytes: int,
+          kv_count: int = 0) -> list[Check]:
+    """Findings on a traced graph whose last ``kv_count`` inputs are its KV store."""
     findings = []
     graph = traced.inlined_graph
     returned = _returned_values(graph)
+    inputs = list(graph.inputs())
+    kv_inputs = {v.debugName() for v in inputs[len(inputs) - kv_count:]} if kv_count else set()
     row_writes = 0
     for node in graph.nodes():
         kind = node.kind()
-        if kind == "aten::scatter" and all(out.debugName() in returned for out in node.outputs()):
-            row_writes += 1  # a KV store written back by rows: NxD Inference's decode write (module doc)
-            continue
+        row_write = _is_kv_row_write(node, kv_inputs, returned)
+        row_writes += row_write  # a KV store written back by rows: NxD Inference's decode write (module doc)
         if kind in ("aten::Int", "aten::item", "aten::Float", "aten::Bool"):
             source = next(iter(node.inputs()))
             producer = source.node().kind()
@@ -159,7 +176,7 @@ def _scan(traced: torch.jit.ScriptModule, name: str, tiny_vocab: int, real: Layo
                         "(neuron_port.graph.masks, neuron_port.graph.kv.onehot_write)",
                     )
                 )
-        if kind in HOSTILE_OPS:
+        if kind in HOSTILE_OPS and not row_write:
             findings.append(
                 Check.finding(
                     "neuron-hostile-op",
@@ -199,14 +216,16 @@ def _graph_findings(tiny_config, real: Layout, softcap_in_graph: bool, dtype_byt
     model = build_model(tiny_config, seed=0)
     tiny = describe(model)
     port = Port.over_model(model, PortShape(16, 32), tiny, owned=True)  # built here for this port alone
-    flat = [[*inputs, *store] for inputs, store in (port.inputs.example_prefill(16), port.inputs.example_decode(32))]
+    examples = (port.inputs.example_prefill(16), port.inputs.example_decode(32))
+    flat = [[*inputs, *store] for inputs, store in examples]
+    kv_count = len(examples[1][1].tensors())
     port.graphs.decode[32].row_kv_writes = ROW_KV_WRITES  # decode as the neuron and nxd backends trace it
     graphs = {"prefill_16": (port.graphs.prefill[16], flat[0]), "decode_32": (port.graphs.decode[32], flat[1])}
     if softcap_in_graph:
         graphs = {k: (_SoftcapInGraph(g, tiny.softcap or 30.0), x) for k, (g, x) in graphs.items()}
     findings: list[Check] = []
     for gname, (graph, inputs) in graphs.items():
-        findings += _scan(_trace(graph, inputs), gname, tiny.vocab_size, real, dtype_bytes)
+        findings += _scan(_trace(graph, inputs), gname, tiny.vocab_size, real, dtype_bytes, kv_count)
     return list(graphs), findings
 
 

@@ -82,8 +82,8 @@ def hf_reference_model(model_dir: str | Path, dtype: torch.dtype = torch.float32
 def reference_for_source(name: str | Path, tiny: bool = False, seed: int = 0, quant: str = "none") -> nn.Module:
     """The float32 CPU reference of a model source: ``from_pretrained`` of a directory, or the
     shipped config's Hugging Face class with the seeded random weights (built by transformers'
-    own constructor: no loading involved). ``quant="int8"``: that model with its projections
-    quantized (:func:`neuron_port.model.quant.apply_quant`), the oracle of an int8 port, which must
+    own constructor: no loading involved). ``quant="int8"`` (or ``"int8+head"``): that model
+    quantized the same way (:func:`neuron_port.model.quant.apply_quant`), the oracle of an int8 port, which must
     compute what it computes (the quantization error is measured against the float32 one)."""
     from neuron_port.model.configs import load_config
     from neuron_port.model.loading import build_model

@@ -220,9 +220,9 @@ def load_model_dir(model_dir: str | Path, dtype: torch.dtype = torch.float32) ->
     model.load_state_dict(cast_state({k: v for k, v in state.items() if k in persistent}, dtype, keep=fp32_keys(model)),
                           strict=False, assign=True)
     model.tie_weights()
-    missing = sorted(n for n, p in model.named_parameters() if p.is_meta)
-    if missing:
-        raise KeyError(f"{model_dir}: checkpoint lacks parameters {missing[:5]}")
+    missing = sorted(n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta)
+    if missing:  # buffers too: an int8 projection's weight and scale are buffers
+        raise KeyError(f"{model_dir}: checkpoint lacks tensors {missing[:5]}")
     return model.eval()
 
 

@@ -126,10 +126,26 @@ def quantize_head(model: nn.Module) -> Int8Linear:
     A head tied to the word table is untied first: the word table stays float (the host gathers its
     rows), the head becomes its own int8 matrix, and the config no longer ties them
     (:meth:`~neuron_port.families.decoder.DecoderFamily.untie_embeddings`), so neither a save nor
-    transformers' ``tie_weights`` ties them again. Refused where the head is not a
-    plain projection, or where the family's adapter changes the head's weight
+    transformers' ``tie_weights`` ties them again. The projections must be int8 already
+    (:func:`quantize_model`): ``int8+head`` is a scheme, a float model with an int8 head is not. Refused,
+    with nothing changed, where the head is not a plain projection that is the CausalLM's own child, or
+    where the family's adapter changes the head's weight
     (:meth:`~neuron_port.families.decoder.DecoderFamily.lm_head_weight` overridden, Granite's folded
     scale): quantizing the module would drop what the adapter adds."""
+    if not any(isinstance(m, Int8Linear) for m in model.modules()):
+        raise ValueError("--quant-head quantizes the LM head beside int8 projections: quantize the projections "
+                         "first (quantize_model, or apply_quant(model, 'int8+head'))")
+    family, name = _head_slot(model)
+    head = family.head_module(model)
+    family.untie_embeddings(model)
+    quantized = Int8Linear.from_linear(head)
+    setattr(model, name, quantized)
+    return quantized
+
+
+def _head_slot(model: nn.Module) -> tuple:
+    """(family, attribute name of the head on ``model``) when ``--quant-head`` can replace the head; the
+    reason it cannot otherwise (see :func:`quantize_head`). Changes nothing."""
     from neuron_port.families import family_of
     from neuron_port.families.decoder import DecoderFamily
 
@@ -141,12 +157,9 @@ def quantize_head(model: nn.Module) -> Int8Linear:
     if type(family).lm_head_weight is not DecoderFamily.lm_head_weight:
         raise AdapterError(f"{family.name}: its adapter changes the LM head's weight (lm_head_weight), so --quant-head "
                            "would drop that change; quantize the projections only (--quant int8)")
-    family.untie_embeddings(model)
-    quantized = Int8Linear.from_linear(head)
     for name, child in model.named_children():
         if child is head:
-            setattr(model, name, quantized)
-            return quantized
+            return family, name
     raise AdapterError(f"{family.name}: the LM head is not a direct child of {type(model).__name__}; --quant-head "
                        "cannot replace it")
 
@@ -172,6 +185,8 @@ def apply_quant(model: nn.Module, scheme: str) -> nn.Module:
         return model
     if quant_of(model) != "none":
         raise ValueError(f"the model is already quantized ({quant_of(model)}); apply --quant once")
+    if scheme in HEAD_SCHEMES:
+        _head_slot(model)  # refused before any projection changes
     quantize_model(model)
     if scheme in HEAD_SCHEMES:
         quantize_head(model)
@@ -183,9 +198,10 @@ def quant_of(model: nn.Module) -> str:
     :class:`Int8Linear`, ``"int8+head"`` when its LM head is one too, ``"none"`` otherwise."""
     from neuron_port.families import family_of
 
-    if not any(isinstance(m, Int8Linear) for m in model.modules()):
+    head = family_of(model).head_module(model)
+    if not any(isinstance(m, Int8Linear) and m is not head for m in model.modules()):
         return "none"
-    return "int8+head" if isinstance(family_of(model).head_module(model), Int8Linear) else "int8"
+    return "int8+head" if isinstance(head, Int8Linear) else "int8"
 
 
 def scheme_from_flags(quant: str, quant_head: bool) -> str:

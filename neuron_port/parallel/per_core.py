@@ -117,7 +117,10 @@ def _count_core_params(layout: Layout, config: Any, tp: int, embeddings_on_devic
     tied_table = 0
     if embeddings_on_device:
         other += layout.params.per_layer_embedding
-        tied_table = head  # the word table: the tied head's memory, unless --quant-head unties them
+        if family.tied_embeddings(config):
+            tied_table = head  # the word table: the tied head's memory, unless --quant-head unties them
+        else:
+            other += head  # a word table of its own beside the head
     return CoreParams(projections, rows, head, layout.vocab_size, other, tied_table)
 
 

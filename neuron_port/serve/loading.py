@@ -98,8 +98,8 @@ def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = Fal
     Artifacts always run slim (compiled graphs + embeddings only). ``slim`` on a model compiles
     TorchScript graphs for ``max_batch`` rows and drops the Hugging Face model from the host.
     ``batching``: ``continuous`` (``max_batch`` slots; the default) or ``static``. ``dtype``
-    (``fp32`` or ``bf16``) is a model's graphs, weights and KV store, ``quant`` (``none`` or ``int8``)
-    its projections' weights; an artifact keeps its own.
+    (``fp32`` or ``bf16``) is a model's graphs, weights and KV store, ``quant`` (``none``, ``int8`` or
+    ``int8+head``: :data:`~neuron_port.model.quant.QUANT_SCHEMES`) its weights; an artifact keeps its own.
     """
     if batching not in ADMISSIONS:
         raise ValueError(f"batching must be one of {ADMISSIONS}, found {batching!r}")

@@ -57,23 +57,34 @@ def test_lint_cli_12b_warns_about_fused_attention_window():
 
 
 def test_only_a_scatter_the_graph_returns_is_a_kv_row_write():
-    """A scatter whose result is returned (through the tuples a cache hands around) is a store written back
-    by rows; one that feeds anything else is still a data-dependent write, an error."""
+    """A scatter along the sequence into a KV store input, whose result is returned (through the tuples a
+    cache hands around), is that store written back by rows; any other scatter is still an error: one that
+    feeds something else, one into a tensor the graph made (a masked logits row), one along another dim."""
     from neuron_port.checks.lint import _scan, _trace
 
     class RowWrite(torch.nn.Module):
-        def forward(self, buf, slot, new):
-            pair = (buf.scatter(0, slot, new), new)
+        def forward(self, new, slot, buf):
+            pair = (buf.scatter(2, slot, new), new)
             key, _ = pair
             return new.sum(), key
 
     class ScatterUsed(torch.nn.Module):
-        def forward(self, buf, slot, new):
-            return buf.scatter(0, slot, new).sum()
+        def forward(self, new, slot, buf):
+            return buf.scatter(2, slot, new).sum()
+
+    class MaskedLogits(torch.nn.Module):
+        def forward(self, new, slot, buf):
+            return (buf * 2).scatter(2, slot, new), buf
+
+    class OtherDim(torch.nn.Module):
+        def forward(self, new, slot, buf):
+            return new.sum(), buf.scatter(1, slot, new)
 
     real = describe(load_config("gemma-4-e2b"))
-    args = [torch.zeros(8, 4), torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 4)]
-    returned = _scan(_trace(RowWrite(), args), "g", 512, real, 2)
+    args = [torch.ones(1, 2, 1, 4), torch.zeros(1, 2, 1, 4, dtype=torch.long), torch.zeros(1, 2, 8, 4)]
+    returned = _scan(_trace(RowWrite(), args), "g", 512, real, 2, kv_count=1)
     assert [f.name for f in returned] == ["kv-row-write"] and not any(f.failed for f in returned)
-    used = _scan(_trace(ScatterUsed(), args), "g", 512, real, 2)
-    assert any(f.name == "neuron-hostile-op" and "scatter" in f.where and f.failed for f in used)
+    assert any(f.failed for f in _scan(_trace(RowWrite(), args), "g", 512, real, 2, kv_count=0))  # not a KV input
+    for bad in (ScatterUsed(), MaskedLogits(), OtherDim()):
+        found = _scan(_trace(bad, args), "g", 512, real, 2, kv_count=1)
+        assert any(f.name == "neuron-hostile-op" and "scatter" in f.where and f.failed for f in found), type(bad).__name__

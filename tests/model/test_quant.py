@@ -166,7 +166,10 @@ def test_a_head_the_adapter_changes_or_a_fused_family_is_refused(monkeypatch):
 
     model = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
     family = describe(model).family
+    with pytest.raises(ValueError, match="quantize the projections first"):
+        quantize_head(model)  # a float model with an int8 head is no scheme
     monkeypatch.setattr(type(family), "lm_head_weight", lambda self, m: 2.0 * m.lm_head.weight)  # a folded scale
     with pytest.raises(AdapterError, match="changes the LM head's weight"):
-        quantize_head(model)
-    assert isinstance(model.lm_head, torch.nn.Linear) and model.config.tie_word_embeddings  # nothing half-done
+        apply_quant(model, "int8+head")
+    # nothing half-done: the projections, the head and the tie as they were
+    assert quant_of(model) == "none" and isinstance(model.lm_head, torch.nn.Linear) and model.config.tie_word_embeddings

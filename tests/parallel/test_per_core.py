@@ -70,3 +70,15 @@ def test_projections_and_their_output_channels_are_what_a_rank_shard_holds(name,
         layout.params.per_layer_embedding + head)
     with pytest.raises(ValueError, match="quant must be one of"):
         counted.weight_bytes(2, "int4")
+
+
+def test_a_word_table_on_the_device_is_counted_once_when_tied_and_beside_the_head_when_not():
+    from neuron_port.model.configs import load_config
+
+    for name, tied in (("gemma-4-e2b", True), ("mistral", False)):
+        config = load_config(name, tiny=True)
+        layout = describe(config)
+        assert layout.family.tied_embeddings(config) is tied
+        host, device = core_params(layout, config, 1), core_params(layout, config, 1, embeddings_on_device=True)
+        head = layout.vocab_size * layout.hidden_size
+        assert device.total - host.total == layout.params.per_layer_embedding + (0 if tied else head)

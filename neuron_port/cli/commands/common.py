@@ -82,7 +82,8 @@ def add_quant_option(p: argparse.ArgumentParser, default: str | None = "none", w
     """``--quant`` and ``--quant-head``; the parser folds the two into one scheme (:func:`fold_quant_flags`)."""
     p.add_argument("--quant", default=default, choices=["none", "int8"],
                    help=what or "weights of the device projections: none (the graph dtype) or int8 (weight-only, "
-                   "symmetric per output channel, fp32 scales; the LM head and host tables stay in the graph dtype)")
+                   "symmetric per output channel, fp32 scales; the LM head stays in the graph dtype unless "
+                   "--quant-head, the host tables always)")
     p.add_argument("--quant-head", action="store_true",
                    help="with --quant int8: the LM head in int8 too (untied from the word table, which the host keeps "
                         "float); the scheme reads int8+head")
@@ -92,7 +93,9 @@ def fold_quant_flags(args: argparse.Namespace) -> argparse.Namespace:
     """``args.quant`` becomes the scheme both flags name (``--quant int8 --quant-head``: ``int8+head``),
     so the commands carry one value; ``--quant-head`` without ``--quant int8`` is a ConfigError."""
     if getattr(args, "quant_head", False) and args.quant != "int8+head":
-        args.quant = scheme_from_flags(args.quant or "none", True)
+        if args.quant is None:
+            raise ConfigError("--quant-head stores the LM head in int8 beside the projections: give it with --quant int8")
+        args.quant = scheme_from_flags(args.quant, True)
     return args
 
 
