@@ -154,7 +154,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--dtypes", default="fp32,bf16")
-    parser.add_argument("--quants", default="none", help="weight schemes of the served port, comma-separated: none, int8, int8+head (--quant int8 --quant-head)")
+    parser.add_argument("--quants", default="none", help="weight schemes of the served port, comma-separated: "
+                        "none, int8, int8+head (--quant int8 --quant-head)")
     parser.add_argument("--limit", type=int, default=None, help="items per task (default: all 32)")
     parser.add_argument("--smoke", action="store_true", help="SmolLM2 in fp32, 4 items per task")
     parser.add_argument("--json", action="store_true")

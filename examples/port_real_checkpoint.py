@@ -23,7 +23,7 @@ from neuron_port import describe, load_config
 from neuron_port.artifacts.writer import write_artifact
 from neuron_port.checks.selfcheck import checked_run_passed
 from neuron_port.checks.validation import check_in_fresh_process
-from neuron_port.cli.commands.common import QuantFlagsParser, add_quant_option
+from neuron_port.cli.quant_flags import QuantFlagsParser, add_quant_option
 from neuron_port.cli.recipe import load_checked
 from neuron_port.generation.chat import chat_format_of, stop_token_ids
 from neuron_port.generation.generate import generate

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from neuron_port import __version__
 from neuron_port.cli.commands import MODULES
-from neuron_port.cli.commands.common import QuantFlagsParser
+from neuron_port.cli.quant_flags import QuantFlagsParser
 from neuron_port.errors import NeuronPortError
 
 

@@ -16,7 +16,7 @@ def recipe_parser(description: str, tp: int | None = None) -> argparse.ArgumentP
 
     ``--tp`` defaults to ``tp``; None means the capacity planner's recommendation (a recipe plans at
     ``--tp`` and uses the degree the plan was made at)."""
-    from neuron_port.cli.commands.common import QuantFlagsParser, add_quant_option
+    from neuron_port.cli.quant_flags import QuantFlagsParser, add_quant_option
 
     ap = QuantFlagsParser(description=description)
     ap.add_argument("--model-dir", help="a local model directory with real weights (default: tiny random weights)")

@@ -191,8 +191,7 @@ class DecoderFamily:
         return bool(getattr(config, "tie_word_embeddings", True))
 
     def untie_embeddings(self, model: nn.Module) -> None:
-        """Mark the model's configs as not tying the LM head to the word table (an int8 head is its own
-        matrix), so neither a saved config nor transformers' ``tie_weights`` ties them again."""
+        """Configs no longer tie the LM head to the word table (an int8 head is its own matrix)."""
         for config in {id(c): c for c in (getattr(model, "config", None), self.text_config_of(model)) if c is not None}.values():
             config.tie_word_embeddings = False
 
@@ -332,16 +331,6 @@ class DecoderFamily:
         folds that scale in here; a softcap goes in :meth:`softcap` (applied on the host)."""
         head = self.head_module(model)
         return head.weight if head is not None else self.word_embedding(model).weight
-
-    def head_logits(self, model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [..., hidden] -> raw logits [..., vocab]: ``hidden @ lm_head_weight.T``, or an int8 head's
-        own scaled matmul (``--quant-head``: the weight cast to hidden's dtype, the output scaled in fp32)."""
-        from neuron_port.model.quant import Int8Linear
-
-        head = self.head_module(model)
-        if isinstance(head, Int8Linear):
-            return head(hidden)
-        return hidden @ self.lm_head_weight(model).t()
 
     def attention_mask_argument(self, masks: dict[str, torch.Tensor]) -> Any:
         """What the text model's ``attention_mask`` gets, from host-built additive masks keyed

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,6 +31,7 @@ from neuron_port.graph import attention
 from neuron_port.graph.kv import KVStoreSpec, onehot_write, row_write, scatter_write_
 from neuron_port.graph.shapes import StoreShapes
 from neuron_port.graph.step import kv_aliases
+from neuron_port.model.quant import Int8Linear
 
 
 class OneHotCache:
@@ -144,8 +146,17 @@ class StaticLMGraph(nn.Module):
         )
         hidden = out.last_hidden_state  # [batch, seq, hidden]
         last = torch.einsum("bs,bsh->bh", last_onehot.to(hidden.dtype), hidden)
-        logits = self.family.head_logits(self.model, last)
+        logits = head_logits(self.family, self.model, last)
         return (logits, *cache.outputs())
+
+
+def head_logits(family: Any, model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """hidden [..., hidden] -> raw logits [..., vocab]: ``hidden @ family.lm_head_weight(model).T``, or an
+    int8 head's own matmul (``--quant-head``: the weight cast to hidden's dtype, the output scaled in fp32)."""
+    head = family.head_module(model)
+    if isinstance(head, Int8Linear):
+        return head(hidden)
+    return hidden @ family.lm_head_weight(model).t()
 
 
 class PrefillGraph(StaticLMGraph):
@@ -181,5 +192,5 @@ def build_graphs(model: nn.Module, stores: StoreShapes, kv_expand: Mapping[int, 
     return GraphSet(prefill, decode)
 
 
-__all__ = ["OneHotCache", "StaticLMGraph", "PrefillGraph", "DecodeGraph",
+__all__ = ["OneHotCache", "StaticLMGraph", "head_logits", "PrefillGraph", "DecodeGraph",
            "GraphSet", "build_graphs"]

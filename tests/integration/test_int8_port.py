@@ -65,14 +65,14 @@ def test_a_real_checkpoint_in_int8_passes_within_the_measured_bound_and_a_wrong_
 def test_port_with_an_int8_head_matches_the_quantized_model_and_a_float_head_fails(monkeypatch):
     """--quant-head: the port's logits come from the int8 head (HF's forward of the same model is the oracle);
     a port that kept reading the float word table as its head fails the logits check."""
-    from neuron_port.families.decoder import DecoderFamily
+    import neuron_port.graph.graphs as graphs
 
     args = ("port", "gemma-4-e2b", "--tiny", "--quant", "int8", "--quant-head", "--check", "--max-new-tokens", "16",
             "--json")
     out = cli_json(run_cli(*args))
     assert out["quant"] == "int8+head" and out["seq_match"] and out["self_checks_passed"]
     assert out["logit_check"]["max_relative_error"] < 1e-4
-    monkeypatch.setattr(DecoderFamily, "head_logits", lambda self, model, hidden: hidden @ self.word_embedding(model).weight.t())
+    monkeypatch.setattr(graphs, "head_logits", lambda family, model, hidden: hidden @ family.word_embedding(model).weight.t())
     broken = run_cli(*args)
     assert broken.returncode == 1 and "self-check logits failed" in broken.stderr
     refused = run_cli("port", "gemma-4-e2b", "--tiny", "--quant-head")

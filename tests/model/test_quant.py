@@ -133,12 +133,11 @@ def test_an_int8_head_is_untied_from_the_word_table_and_computes_the_logits():
     head = quantize_head(model)
     assert quant_of(model) == "int8+head" and model.lm_head is head and head.weight.dtype == torch.int8
     assert model.config.tie_word_embeddings is False and torch.equal(model.model.embed_tokens.weight, table)
-    family = describe(model).family
-    assert torch.allclose(family.head_logits(model, hidden), hidden @ head.dequantized().t(), atol=1e-5)
+    assert torch.allclose(model.lm_head(hidden), hidden @ head.dequantized().t(), atol=1e-5)
     model.tie_weights()  # transformers' own re-tie leaves the int8 head alone
     assert model.lm_head is head and model.lm_head.weight.dtype == torch.int8
     float_head = (hidden @ table.t()).abs().max()
-    assert 0 < (family.head_logits(model, hidden) - hidden @ table.t()).abs().max() < 0.05 * float_head
+    assert 0 < (model.lm_head(hidden) - hidden @ table.t()).abs().max() < 0.05 * float_head
 
 
 def test_the_head_flag_folds_into_one_scheme():

@@ -9,12 +9,12 @@ from pathlib import Path
 from neuron_port.cli.commands.common import (
     add_dtype_option,
     add_prompt_options,
-    add_quant_option,
     emit_generation,
     int_list,
     print_json,
     prompt_from_args,
 )
+from neuron_port.cli.quant_flags import add_quant_option
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:

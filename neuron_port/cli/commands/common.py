@@ -8,9 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from neuron_port.errors import ConfigError
-from neuron_port.model.quant import scheme_from_flags
-
 
 def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2))
@@ -78,39 +75,4 @@ def add_dtype_option(p: argparse.ArgumentParser, what: str) -> None:
                    help=f"dtype {what}; the host softcap and sampling stay float32 (default fp32)")
 
 
-def add_quant_option(p: argparse.ArgumentParser, default: str | None = "none", what: str | None = None) -> None:
-    """``--quant`` and ``--quant-head``; the parser folds the two into one scheme (:func:`fold_quant_flags`)."""
-    p.add_argument("--quant", default=default, choices=["none", "int8"],
-                   help=what or "weights of the device projections: none (the graph dtype) or int8 (weight-only, "
-                   "symmetric per output channel, fp32 scales; the LM head stays in the graph dtype unless "
-                   "--quant-head, the host tables always)")
-    p.add_argument("--quant-head", action="store_true",
-                   help="with --quant int8: the LM head in int8 too (untied from the word table, which the host keeps "
-                        "float); the scheme reads int8+head")
-
-
-def fold_quant_flags(args: argparse.Namespace) -> argparse.Namespace:
-    """``args.quant`` becomes the scheme both flags name (``--quant int8 --quant-head``: ``int8+head``),
-    so the commands carry one value; ``--quant-head`` without ``--quant int8`` is a ConfigError."""
-    if getattr(args, "quant_head", False) and args.quant != "int8+head":
-        if args.quant is None:
-            raise ConfigError("--quant-head stores the LM head in int8 beside the projections: give it with --quant int8")
-        args.quant = scheme_from_flags(args.quant, True)
-    return args
-
-
-class QuantFlagsParser(argparse.ArgumentParser):
-    """An argument parser that folds ``--quant`` and ``--quant-head`` into one scheme as it parses
-    (its subparsers are of this class too); a bad pair is an argparse usage error."""
-
-    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001 - argparse's own signature
-        parsed, rest = super().parse_known_args(args, namespace)
-        try:
-            fold_quant_flags(parsed)
-        except ConfigError as exc:
-            self.error(str(exc))
-        return parsed, rest
-
-
-__all__ = ["print_json", "int_list", "prompt_from_args", "emit_generation", "add_prompt_options", "add_dtype_option",
-           "add_quant_option", "fold_quant_flags", "QuantFlagsParser"]
+__all__ = ["print_json", "int_list", "prompt_from_args", "emit_generation", "add_prompt_options", "add_dtype_option"]

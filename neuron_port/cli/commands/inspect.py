@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from neuron_port.cli.commands.common import add_quant_option, int_list, print_json
+from neuron_port.cli.commands.common import int_list, print_json
+from neuron_port.cli.quant_flags import add_quant_option
 
 
 def _cmd_describe(args: argparse.Namespace) -> int:

@@ -6,14 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from neuron_port.cli.commands.common import (
-    add_dtype_option,
-    add_prompt_options,
-    add_quant_option,
-    emit_generation,
-    int_list,
-    prompt_from_args,
-)
+from neuron_port.cli.commands.common import add_dtype_option, add_prompt_options, emit_generation, int_list, prompt_from_args
+from neuron_port.cli.quant_flags import add_quant_option
 
 
 def _cmd_port(args: argparse.Namespace) -> int:

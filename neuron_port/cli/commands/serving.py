@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import functools
 
-from neuron_port.cli.commands.common import add_dtype_option, add_quant_option, int_list
+from neuron_port.cli.commands.common import add_dtype_option, int_list
+from neuron_port.cli.quant_flags import add_quant_option
 from neuron_port.errors import MissingExtraError
 
 
