@@ -115,7 +115,6 @@ class NxdBackend:
 
     name = "nxd"
     inplace_kv_writes = False
-    row_kv_writes = ROW_KV_WRITES
 
     def compile(self, graph: nn.Module, example_inputs, aliases):
         raise NeuronPortError("the nxd backend traces every graph at once with ModelBuilder; build an artifact "

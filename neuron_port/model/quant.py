@@ -135,8 +135,7 @@ def quantize_head(model: nn.Module) -> Int8Linear:
     if not any(isinstance(m, Int8Linear) for m in model.modules()):
         raise ValueError("--quant-head quantizes the LM head beside int8 projections: quantize the projections "
                          "first (quantize_model, or apply_quant(model, 'int8+head'))")
-    family, name = _head_slot(model)
-    head = family.head_module(model)
+    family, name, head = _head_slot(model)
     family.untie_embeddings(model)
     quantized = Int8Linear.from_linear(head)
     setattr(model, name, quantized)
@@ -144,8 +143,8 @@ def quantize_head(model: nn.Module) -> Int8Linear:
 
 
 def _head_slot(model: nn.Module) -> tuple:
-    """(family, attribute name of the head on ``model``) when ``--quant-head`` can replace the head; the
-    reason it cannot otherwise (see :func:`quantize_head`). Changes nothing."""
+    """(family, attribute name of the head on ``model``, the head) when ``--quant-head`` can replace the
+    head; the reason it cannot otherwise (see :func:`quantize_head`). Changes nothing."""
     from neuron_port.families import family_of
     from neuron_port.families.decoder import DecoderFamily
 
@@ -159,7 +158,7 @@ def _head_slot(model: nn.Module) -> tuple:
                            "would drop that change; quantize the projections only (--quant int8)")
     for name, child in model.named_children():
         if child is head:
-            return family, name
+            return family, name, head
     raise AdapterError(f"{family.name}: the LM head is not a direct child of {type(model).__name__}; --quant-head "
                        "cannot replace it")
 
@@ -220,11 +219,5 @@ def scheme_flags(scheme: str) -> str:
     return "--quant int8 --quant-head" if check_scheme(scheme) in HEAD_SCHEMES else f"--quant {scheme}"
 
 
-def head_quantized(scheme: str) -> bool:
-    """Whether ``scheme`` stores the LM head in int8."""
-    return check_scheme(scheme) in HEAD_SCHEMES
-
-
 __all__ = ["QMAX", "QUANT_SCHEMES", "HEAD_SCHEMES", "FP32_BUFFERS", "quantize_rows", "Int8Linear", "quantize_model",
-           "quantize_head", "fp32_keys", "check_scheme", "apply_quant", "quant_of", "scheme_from_flags", "scheme_flags",
-           "head_quantized"]
+           "quantize_head", "fp32_keys", "check_scheme", "apply_quant", "quant_of", "scheme_from_flags", "scheme_flags"]

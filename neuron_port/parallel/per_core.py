@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from neuron_port.model.layout import Layout
-from neuron_port.model.quant import HEAD_SCHEMES, QUANT_SCHEMES
+from neuron_port.model.quant import HEAD_SCHEMES, check_scheme
 from neuron_port.parallel.sharding import plan_model
 
 SCALE_BYTES = 4  # an int8 projection's per-output-channel scale is fp32
@@ -53,9 +53,7 @@ class CoreParams:
         """Bytes of these weights at ``dtype_bytes`` per element; under ``quant="int8"`` the projections
         at one byte plus their fp32 scales, under ``"int8+head"`` the LM head too (and a word table on
         the device, no longer the head's, at ``dtype_bytes``)."""
-        if quant not in QUANT_SCHEMES:
-            raise ValueError(f"quant must be one of {QUANT_SCHEMES}, found {quant!r}")
-        if quant == "none":
+        if check_scheme(quant) == "none":
             return self.total * dtype_bytes
         projections = self.projections + SCALE_BYTES * self.projection_rows
         if quant in HEAD_SCHEMES:
