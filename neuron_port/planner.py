@@ -31,8 +31,12 @@ Formulas (all bytes; ``b`` = bytes per element of the dtype):
   ``COMPILER_EXPANSION`` is calibrated on the one anchor there is (a bf16 E4B TP=2 compile peaked
   past 128 GB and needed >= 55 GB of swap); the factor reproduces that swap figure, other sizes
   extrapolate from the single point.
-* Roofline decode = per-core HBM bandwidth / bytes each core reads per token (its weights,
-  read once, plus its KV store at the context length). Ranks read in parallel.
+* Roofline decode = per-core HBM bandwidth / bytes each core reads per token: its weights, read
+  once, plus the K/V every attending layer reads at the context length
+  (:meth:`~neuron_port.graph.kv.KVStoreSpec.attended_bytes` with
+  :meth:`~neuron_port.model.layout.Layout.kv_readers`: a layer that shares another's K/V reads it
+  too, so sharing saves memory, not traffic; a sliding layer reads its window). The same minimum
+  ``backends.hlo_cost`` sets a compiled decode step against. Ranks read in parallel.
 """
 
 from __future__ import annotations
@@ -109,6 +113,7 @@ class Plan:
     kv_bytes: int
     kv_bytes_owners_full_length: int
     kv_bytes_naive: int
+    kv_read_bytes_per_token: int
     host_ram_bytes: dict[str, int]
     compile_host_ram_bytes: int
     swap_recommended_bytes: int
@@ -247,6 +252,8 @@ def plan_capacity(
     ok = used <= target.hbm_per_core and chosen <= target.cores
     host, compile_ram, swap, host_reasons = _host_figures(layout, b, chosen, cores, target)
     measured = MEASURED.get((model_name, chosen))
+    rank_store = kv_store_spec(layout, context, kv_heads=rank0_kv_heads(layout, chosen))
+    kv_read = rank_store.attended_bytes(context, batch, b, layout.kv_readers())
     return Plan(
         model=model_name,
         target=target.name,
@@ -256,13 +263,14 @@ def plan_capacity(
         recommended_tp=recommended,
         fits=ok,
         per_core_bytes={**cores, "total": used, "capacity": target.hbm_per_core},
-        kv_bytes=kv_store_spec(layout, context, kv_heads=rank0_kv_heads(layout, chosen)).total_bytes(batch, b) * chosen,
+        kv_bytes=rank_store.total_bytes(batch, b) * chosen,
         kv_bytes_owners_full_length=kv_store_spec(layout, context, ring_buffers=False).total_bytes(batch, b),
         kv_bytes_naive=naive_kv_bytes(layout, context, batch, b),
+        kv_read_bytes_per_token=kv_read,
         host_ram_bytes=host,
         compile_host_ram_bytes=compile_ram,
         swap_recommended_bytes=swap,
-        roofline_tok_per_s=round(target.hbm_bw_per_core / (cores["weights"] + cores["kv"]), 1),
+        roofline_tok_per_s=round(target.hbm_bw_per_core / (cores["weights"] + kv_read), 1),
         measured_tok_per_s=measured[0] if measured else None,
         measured_note=measured[1] if measured else None,
         params=asdict(layout.params),
@@ -285,7 +293,8 @@ def format_capacity_plan(plan: Plan) -> str:
         f"(owners, full length) vs {plan.kv_bytes_naive / mib:.1f} MiB (every layer, full length)",
         f"  host RAM: full {plan.host_ram_bytes['full'] / GiB:.1f} GiB, slim {plan.host_ram_bytes['slim'] / GiB:.1f} GiB; "
         f"compile ~{plan.compile_host_ram_bytes / 1e9:.0f} GB (swap >= {plan.swap_recommended_bytes / 1e9:.0f} GB)",
-        f"  roofline decode {plan.roofline_tok_per_s:.1f} tok/s; measured "
+        f"  roofline decode {plan.roofline_tok_per_s:.1f} tok/s (weights + {plan.kv_read_bytes_per_token / mib:.1f} MiB "
+        f"of K/V read per token per core); measured "
         + (f"{plan.measured_tok_per_s} tok/s ({plan.measured_note})" if plan.measured_tok_per_s else "unknown"),
     ]
     lines += [f"  - {r}" for r in plan.reasons]

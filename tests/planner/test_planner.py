@@ -7,10 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neuron_port import describe, load_config
+from neuron_port.backends.hlo_cost import minimum_decode_bytes
+from neuron_port.graph.kv import kv_store_spec
 from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape
 from neuron_port.model.loading import build_model
-from neuron_port.parallel.per_core import core_params, device_params_per_core
+from neuron_port.parallel.per_core import core_params, device_params_per_core, rank0_kv_heads
 from neuron_port.parallel.sharding import plan_model
 from neuron_port.planner import TARGETS, Target, plan_capacity
 from tests.helpers import run_cli, run_cli_json
@@ -62,6 +64,27 @@ def test_roofline_matches_the_reference_figures():
     assert abs(device_params_per_core(describe(e2b), e2b, 1) - (1.88e9 + 0.40e9)) / 2.28e9 < 0.01
     assert 85 < _plan_json("gemma-4-e2b")["roofline_tok_per_s"] < 92
     assert 29 < _plan_json("gemma-4-12b")["roofline_tok_per_s"] < 35
+
+
+@pytest.mark.parametrize("name,tp", [("gemma-4-e2b", 1), ("gemma-4-e4b", 2), ("gemma-4-12b", 2)])
+def test_the_roofline_reads_the_kv_once_per_attending_layer(name, tp):
+    """The roofline's token reads the core's weights and the K/V every layer attends: a layer sharing
+    another's K/V reads it again. Its bytes are the decode-cost minimum's (less the new rows), so the
+    planner and the HLO reader judge a step against one figure."""
+    config = load_config(name)
+    layout = describe(config)
+    context = 32768
+    plan = plan_capacity(layout, config, name, TARGETS["inf2.xlarge"], "bf16", tp, context)
+    store = kv_store_spec(layout, context, kv_heads=rank0_kv_heads(layout, tp))
+    weights = plan.per_core_bytes["weights"]
+    minimum = minimum_decode_bytes(weights, store, context, 1, 2, layout.kv_readers())
+    assert plan.kv_read_bytes_per_token == minimum - weights - store.row_bytes(1, 2)
+    assert plan.roofline_tok_per_s == round(TARGETS["inf2.xlarge"].hbm_bw_per_core / (weights + plan.kv_read_bytes_per_token), 1)
+    shares = any(spec.kv_source != spec.index for spec in layout.layers)
+    once_each = store.attended_bytes(context, 1, 2)
+    assert (plan.kv_read_bytes_per_token > once_each) == shares
+    if not shares:
+        assert plan.kv_read_bytes_per_token == once_each
 
 
 def test_plan_png(tmp_path):
