@@ -32,6 +32,7 @@ from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.graph.port import Port
 from neuron_port.graph.runners import Runners
 from neuron_port.graph.shapes import PortShape
+from neuron_port.graph.step import INPUT_NAMES
 
 DEVICE_STEP_MS_ANCHOR = 23.0  # field report: E2B decode on one NeuronCore, ~23 ms per token
 SAMPLED = SamplingParams(temperature=1.0, top_k=64, top_p=0.95)
@@ -44,7 +45,7 @@ class FakeDevice:
         self.logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(seed)) * 4
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
-        return [self.logits, *inputs[8:]]
+        return [self.logits, *inputs[len(INPUT_NAMES):]]
 
 
 def build_port(name: str, tiny: bool, context: int, new_tokens: int) -> Port:

@@ -2,8 +2,10 @@
 
 Measures, for a 262,144-entry vocabulary: sampling with top-k/top-p through the library's
 fast path vs the dense reference (softcap and sort over the whole vocabulary); and the
-decode-step host inputs (embeddings, masks, one-hot writes) written into preallocated tensors
-vs built fresh each step. Prints JSON with ratios.
+decode-step host inputs (embeddings, position ids, lengths: the graphs build their masks and
+one-hot writes from the lengths) written into preallocated tensors, against building the
+embeddings, masks and writes fresh on the host each step (what the port's host did before its
+graphs built their own maps). Prints JSON with ratios.
 
     python benchmarks/host_step.py [--vocab 262144] [--kv-len 2048] [--repeats 20]
 """
@@ -63,7 +65,7 @@ def main() -> None:
         hidden**0.5,
         per_layer**0.5,
     )
-    scratch = DecodeScratch(1, args.kv_len, args.window, args.window, emb, torch.bfloat16)
+    scratch = DecodeScratch(1, emb)
     tok = torch.tensor([123])
 
     def fresh():

@@ -80,7 +80,7 @@ def child(model_dir: str, loader: str, steps: int) -> dict:
             key = family.per_layer_embedding_key()
             ple = fh.get_tensor(key) if key in fh.keys() else None
         emb = HostEmbeddings.for_config(config, word, ple)
-    scratch = DecodeScratch(1, 2048, 512, 512, emb, torch.bfloat16)
+    scratch = DecodeScratch(1, emb)
     gen = torch.Generator().manual_seed(0)
     for step in range(steps):
         scratch.fill(torch.randint(0, emb.word.shape[0], (1,), generator=gen), torch.tensor([1000 + step]))

@@ -37,7 +37,8 @@ import torch
 from neuron_port.errors import ArtifactError, UnsupportedArchitectureError
 from neuron_port.families import AdapterSource, adapter_source, family_for
 
-FORMAT = "neuron-port-artifact/2"  # 2: graphs without weights, one weights file per rank
+# 2: graphs without weights, one weights file per rank; 3: graphs take lengths and build their own masks
+FORMAT = "neuron-port-artifact/3"
 MANIFEST = "manifest.json"
 NEURON_COMPONENTS = ("torch-neuronx", "neuronx-cc", "neuronx-distributed")
 

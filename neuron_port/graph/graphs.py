@@ -5,8 +5,9 @@ per-layer inputs, per-type RoPE and head sizes come for free) with three substit
 
 * a static KV store (owners only; sliding owners as rings) passed in and returned as
   explicit tensors, written by one-hot blends through Hugging Face's ``cache.update`` hook;
-* host-built masks per attention type, handed over pre-built (the family adapter says in what
-  form its text model takes them);
+* masks per attention type built in the graph from each row's length
+  (:func:`~neuron_port.graph.masks.step_maps`; the family adapter says in what form its text model
+  takes them), with the one-hot write maps and the last-token pick;
 * no embedding tables and no softcap: embeddings come in as activations and the graph ends
   at raw logits of the LM head for each row's last real token.
 
@@ -27,7 +28,7 @@ import torch
 from torch import nn
 
 from neuron_port.families import family_of
-from neuron_port.graph import attention
+from neuron_port.graph import attention, masks
 from neuron_port.graph.kv import KVStoreSpec, onehot_write, row_write, scatter_write_
 from neuron_port.graph.shapes import StoreShapes
 from neuron_port.graph.step import kv_aliases
@@ -125,19 +126,17 @@ class StaticLMGraph(nn.Module):
         inputs_embeds: torch.Tensor,
         per_layer: torch.Tensor,
         position_ids: torch.Tensor,
-        mask_full: torch.Tensor,
-        mask_sliding: torch.Tensor,
-        write_full: torch.Tensor,
-        write_sliding: torch.Tensor,
-        last_onehot: torch.Tensor,
+        lengths: torch.Tensor,
         *kv: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
-        cache = OneHotCache(self.spec, kv, {"full": write_full, "sliding": write_sliding}, self.prefill,
+        spec = self.spec
+        maps = masks.step_maps(position_ids, lengths, self.prefill, spec.kv_len, spec.window, spec.ring, inputs_embeds.dtype)
+        cache = OneHotCache(spec, kv, {"full": maps.write_full, "sliding": maps.write_sliding}, self.prefill,
                             self.inplace_kv_writes, self.row_kv_writes)
         extra = self.family.text_model_extra_inputs(per_layer) if self.has_ple else {}
         out = self.family.text_model(self.model)(
             inputs_embeds=inputs_embeds,
-            attention_mask=self.family.attention_mask_argument({"full": mask_full, "sliding": mask_sliding}),
+            attention_mask=self.family.attention_mask_argument({"full": maps.mask_full, "sliding": maps.mask_sliding}),
             position_ids=position_ids,
             cache=cache,
             use_cache=True,
@@ -145,7 +144,7 @@ class StaticLMGraph(nn.Module):
             **self._attention_kwargs(),
         )
         hidden = out.last_hidden_state  # [batch, seq, hidden]
-        last = torch.einsum("bs,bsh->bh", last_onehot.to(hidden.dtype), hidden)
+        last = torch.einsum("bs,bsh->bh", maps.last_onehot.to(hidden.dtype), hidden)
         logits = head_logits(self.family, self.model, last)
         return (logits, *cache.outputs())
 

@@ -1,17 +1,17 @@
 """Every host-side input a graph step needs, built from token ids and positions.
 
-:class:`HostInputs` gathers embeddings on the host and builds masks and one-hot write maps
-(:mod:`neuron_port.graph.masks`) for one rank's :class:`~neuron_port.graph.shapes.StoreShapes`. Prefill
-inputs are built fresh; decode inputs are written into tensors preallocated once per batch and
-KV length (:class:`~neuron_port.graph.scratch.DecodeScratch`), so a decode step allocates nothing of
-the mask or embedding size. ``example_*`` give inputs of the right shapes for tracing.
+:class:`HostInputs` gathers embeddings on the host and hands each row's position ids and length to
+the graphs of one rank's :class:`~neuron_port.graph.shapes.StoreShapes`; the graphs build their masks
+and one-hot write maps from the lengths (:func:`neuron_port.graph.masks.step_maps`). Prefill inputs
+are built fresh; decode inputs are written into tensors preallocated once per batch and KV length
+(:class:`~neuron_port.graph.scratch.DecodeScratch`), so a decode step allocates nothing of the
+embedding size. ``example_*`` give inputs of the right shapes for tracing.
 """
 
 from __future__ import annotations
 
 import torch
 
-from neuron_port.graph import masks
 from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.graph.kv import KVStore
 from neuron_port.graph.scratch import DecodeScratch
@@ -21,7 +21,7 @@ from neuron_port.model.layout import Layout
 
 
 class HostInputs:
-    """Host inputs of one rank's graphs: embeddings plus masks and writes for its stores."""
+    """Host inputs of one rank's graphs: embeddings, position ids and each row's length."""
 
     def __init__(self, layout: Layout, stores: StoreShapes, embeddings: HostEmbeddings):
         self.layout = layout
@@ -29,35 +29,32 @@ class HostInputs:
         self.embeddings = embeddings
         self.dtype = embeddings.word.dtype
         self._positions = torch.arange(stores.buckets[-1])
-        self._scratch: dict[tuple[int, int], DecodeScratch] = {}
+        self._scratch: dict[int, DecodeScratch] = {}
 
     def prefill(self, ids: torch.Tensor, lengths: torch.Tensor, bucket: int) -> StepInputs:
-        """ids [batch, bucket] right-padded, lengths [batch] -> the prefill step's inputs."""
-        kv = self.stores.prefill_kv[bucket]
+        """ids [batch, bucket] right-padded, lengths [batch] (each in 0..bucket; 0 writes nothing) ->
+        the prefill step's inputs."""
+        if ids.ndim != 2 or ids.shape[1] != bucket or lengths.shape != (ids.shape[0],):
+            raise ValueError(f"prefill expects ids [batch, {bucket}] and lengths [batch], found {tuple(ids.shape)} "
+                             f"and {tuple(lengths.shape)}")
         embeds, per_layer = self.embeddings.embed(ids)
         positions = self._positions[:bucket].expand(ids.shape[0], bucket).contiguous()
-        m_full, m_slide = masks.prefill_masks(lengths, bucket, self.layout.sliding_window, self.dtype)
-        w_full, w_slide = masks.prefill_writes(lengths, bucket, kv, self.stores.rings[kv], self.dtype)
-        last = masks.last_token_onehot(lengths, bucket, self.dtype)
-        return StepInputs(embeds, per_layer, positions, m_full, m_slide, w_full, w_slide, last)
+        return StepInputs(embeds, per_layer, positions, lengths.to(torch.long))
 
     def decode_fresh(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int) -> StepInputs:
         """tokens [batch], positions [batch] -> the decode step's inputs at ``kv_len`` (new tensors)."""
-        ring = self.stores.rings[kv_len]
         embeds, per_layer = self.embeddings.embed(tokens[:, None])
-        m_full, m_slide = masks.decode_masks(positions, kv_len, self.layout.sliding_window, ring, self.dtype)
-        w_full, w_slide = masks.decode_writes(positions, kv_len, ring, self.dtype)
-        last = torch.ones((tokens.shape[0], 1), dtype=self.dtype)
-        return StepInputs(embeds, per_layer, positions[:, None], m_full, m_slide, w_full, w_slide, last)
+        positions = positions.to(torch.long)
+        return StepInputs(embeds, per_layer, positions[:, None], positions + 1)
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int) -> StepInputs:
-        """The same values as :meth:`decode_fresh`, written into tensors reused every step:
+        """The same values as :meth:`decode_fresh`, written into tensors reused every step (one set per
+        batch size: the inputs do not depend on ``kv_len``, the graph builds its maps from them):
         consume them before the next call."""
-        key = (int(tokens.shape[0]), kv_len)
-        if key not in self._scratch:
-            self._scratch[key] = DecodeScratch(key[0], kv_len, self.stores.rings[kv_len], self.layout.sliding_window,
-                                               self.embeddings, self.dtype)
-        return self._scratch[key].fill(tokens, positions)
+        batch = int(tokens.shape[0])
+        if batch not in self._scratch:
+            self._scratch[batch] = DecodeScratch(batch, self.embeddings)
+        return self._scratch[batch].fill(tokens, positions)
 
     def new_store(self, batch: int, kv_len: int) -> KVStore:
         """A zeroed store at ``kv_len`` for ``batch`` rows."""

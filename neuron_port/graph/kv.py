@@ -52,6 +52,11 @@ class KVStoreSpec:
     def owners(self) -> tuple[int, ...]:
         return tuple(s.layer for s in self.slots)
 
+    @property
+    def ring(self) -> int | None:
+        """Slots of the sliding owners' rings (the window), or None when the store has no ring."""
+        return self.window if any(s.ring for s in self.slots) else None
+
     def bytes_per_layer(self, batch: int = 1, dtype_bytes: int = 2) -> dict[int, int]:
         return {s.layer: s.bytes(batch, dtype_bytes) for s in self.slots}
 

@@ -1,4 +1,10 @@
-"""Static masks and one-hot write maps, built on the host for prefill and decode.
+"""Static masks and one-hot write maps for prefill and decode, built inside the graphs.
+
+The graphs take each row's length (:class:`~neuron_port.graph.step.StepInputs`) and build their
+masks, write maps and last-token pick from it with :func:`step_maps`, on the device the lengths are
+on: a prefill of ``T`` tokens at KV length ``kv_len`` would otherwise ship ``[batch, T, kv_len]``
+maps from the host on every call. Every builder here is trace-safe (static sizes, no Python branch
+on a tensor's value) and makes its tensors where its index tensor lives.
 
 Conventions (all consistent with :mod:`neuron_port.graph.kv`):
 
@@ -8,17 +14,21 @@ Conventions (all consistent with :mod:`neuron_port.graph.kv`):
   ``window=None`` (a model without sliding layers) makes the sliding masks equal the full ones.
 * Additive masks: 0 where attention is allowed, the dtype's minimum where it is not.
 
-Prompts are right-padded to the bucket length; ``lengths[b]`` is row b's real length.
+Prompts are right-padded to the bucket length; ``lengths[b]`` is row b's real length. A prefill's
+maps are built from its position ids, inputs of the graph: a traced graph cannot fold them into
+constants of ``bucket x kv_len`` elements.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    zero = torch.zeros((), dtype=dtype)
-    return torch.where(allowed, zero, torch.tensor(torch.finfo(dtype).min, dtype=dtype))
+    zero = torch.zeros((), dtype=dtype, device=allowed.device)
+    return torch.where(allowed, zero, torch.full((), torch.finfo(dtype).min, dtype=dtype, device=allowed.device))
 
 
 def ring_slot(position: int | torch.Tensor, window: int) -> int | torch.Tensor:
@@ -31,31 +41,30 @@ def ring_positions(last: torch.Tensor, window: int) -> torch.Tensor:
 
     last: [batch] (long) -> [batch, window]; -1 where a slot was never written.
     """
-    slots = torch.arange(window)[None, :]
+    slots = torch.arange(window, device=last.device)[None, :]
     held = last[:, None] - torch.remainder(last[:, None] - slots, window)
     return torch.where(held >= 0, held, torch.full_like(held, -1))
 
 
 def prefill_masks(
-    lengths: torch.Tensor, bucket: int, window: int | None, dtype: torch.dtype = torch.float32
+    positions: torch.Tensor, window: int | None, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal masks over the padded prompt for full and sliding layers.
 
-    lengths: [batch] -> (full [batch, 1, bucket, bucket], sliding [batch, 1, bucket, bucket]).
-    Padded query rows still see themselves, so no row is fully masked.
+    positions: [batch, bucket] (each row ``0..bucket-1``) -> (full [batch, 1, bucket, bucket],
+    sliding [batch, 1, bucket, bucket]). Padded query rows still see themselves, so no row is fully
+    masked. Built from the positions (a graph input), so a traced graph cannot fold them into a
+    constant of the bucket's square.
     """
-    q = torch.arange(bucket)[:, None]
-    k = torch.arange(bucket)[None, :]
+    q = positions[:, :, None]
+    k = positions[:, None, :]
     causal = k <= q
     sliding = causal & (q - k < window) if window is not None else causal
-    batch = lengths.shape[0]
-    full_m = _additive(causal, dtype).expand(batch, 1, bucket, bucket).clone()
-    slide_m = _additive(sliding, dtype).expand(batch, 1, bucket, bucket).clone()
-    return full_m, slide_m
+    return _additive(causal, dtype)[:, None], _additive(sliding, dtype)[:, None]
 
 
 def prefill_writes(
-    lengths: torch.Tensor, bucket: int, kv_len: int, ring: int | None, dtype: torch.dtype = torch.float32
+    positions: torch.Tensor, lengths: torch.Tensor, kv_len: int, ring: int | None, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One-hot write maps that store a prefilled prompt's K/V.
 
@@ -63,16 +72,16 @@ def prefill_writes(
     only for the last ``ring`` real positions (older ones would be overwritten anyway).
     ``ring=None`` gives sliding owners a full-length buffer (same map as full layers).
 
-    lengths: [batch] -> (full [batch, bucket, kv_len], sliding [batch, bucket, ring or kv_len]).
+    positions: [batch, bucket], lengths: [batch] -> (full [batch, bucket, kv_len], sliding [batch,
+    bucket, ring or kv_len]).
     """
-    steps = torch.arange(bucket)[None, :]  # [1, bucket]
-    real = steps < lengths[:, None]  # [batch, bucket]
-    full = (steps[..., None] == torch.arange(kv_len)[None, None, :]) & real[..., None]
+    real = positions < lengths[:, None]  # [batch, bucket]
+    full = (positions[..., None] == torch.arange(kv_len, device=positions.device)[None, None, :]) & real[..., None]
     if ring is None:
         return full.to(dtype), full.to(dtype)
-    recent = real & (steps >= (lengths[:, None] - ring))
-    slots = torch.remainder(steps, ring)
-    sliding = (slots[..., None] == torch.arange(ring)[None, None, :]) & recent[..., None]
+    recent = real & (positions >= (lengths[:, None] - ring))
+    slots = torch.remainder(positions, ring)
+    sliding = (slots[..., None] == torch.arange(ring, device=positions.device)[None, None, :]) & recent[..., None]
     return full.to(dtype), sliding.to(dtype)
 
 
@@ -83,7 +92,7 @@ def decode_masks(
 
     positions: [batch] -> (full [batch, 1, 1, kv_len], sliding [batch, 1, 1, ring or kv_len]).
     """
-    slots = torch.arange(kv_len)[None, :]
+    slots = torch.arange(kv_len, device=positions.device)[None, :]
     full = slots <= positions[:, None]
     if window is None:
         sliding = full
@@ -99,16 +108,47 @@ def decode_writes(
     positions: torch.Tensor, kv_len: int, ring: int | None, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One-hot maps that write the new token's K/V: full [batch, 1, kv_len], sliding [batch, 1, ring]."""
-    full = (torch.arange(kv_len)[None, :] == positions[:, None]).to(dtype)[:, None, :]
+    full = (torch.arange(kv_len, device=positions.device)[None, :] == positions[:, None]).to(dtype)[:, None, :]
     if ring is None:
         return full, full
-    sliding = (torch.arange(ring)[None, :] == torch.remainder(positions, ring)[:, None]).to(dtype)[:, None, :]
+    ring_slots = torch.arange(ring, device=positions.device)[None, :]
+    sliding = (ring_slots == torch.remainder(positions, ring)[:, None]).to(dtype)[:, None, :]
     return full, sliding
 
 
-def last_token_onehot(lengths: torch.Tensor, bucket: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """[batch, bucket] selecting each row's last real prompt position."""
-    return (torch.arange(bucket)[None, :] == (lengths[:, None] - 1)).to(dtype)
+def last_token_onehot(positions: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """positions [batch, bucket], lengths [batch] -> [batch, bucket] selecting each row's last real
+    prompt position (none for a row of length 0)."""
+    return (positions == (lengths[:, None] - 1)).to(dtype)
+
+
+class StepMaps(NamedTuple):
+    """What a graph step builds from its rows' lengths (shapes as in :mod:`neuron_port.graph.step`)."""
+
+    mask_full: torch.Tensor  # [batch, 1, seq, kv_len or seq]
+    mask_sliding: torch.Tensor  # [batch, 1, seq, ring or seq]
+    write_full: torch.Tensor  # [batch, seq, kv_len]
+    write_sliding: torch.Tensor  # [batch, seq, ring or kv_len]
+    last_onehot: torch.Tensor  # [batch, seq]
+
+
+def step_maps(
+    positions: torch.Tensor, lengths: torch.Tensor, prefill: bool, kv_len: int, window: int | None, ring: int | None,
+    dtype: torch.dtype = torch.float32,
+) -> StepMaps:
+    """Masks, write maps and the last-token pick of one step from its inputs: ``positions`` [batch,
+    seq] (a prefill's ``0..seq-1``, the prompt right-padded to ``seq``) and ``lengths`` [batch], how
+    many positions each row holds once the step has written (a prefill: its prompt length; a decode
+    step: its new token's position + 1)."""
+    if prefill:
+        m_full, m_slide = prefill_masks(positions, window, dtype)
+        w_full, w_slide = prefill_writes(positions, lengths, kv_len, ring, dtype)
+        return StepMaps(m_full, m_slide, w_full, w_slide, last_token_onehot(positions, lengths, dtype))
+    positions = lengths - 1
+    m_full, m_slide = decode_masks(positions, kv_len, window, ring, dtype)
+    w_full, w_slide = decode_writes(positions, kv_len, ring, dtype)
+    last = torch.ones((lengths.shape[0], 1), dtype=dtype, device=lengths.device)
+    return StepMaps(m_full, m_slide, w_full, w_slide, last)
 
 
 __all__ = [
@@ -119,4 +159,6 @@ __all__ = [
     "decode_masks",
     "decode_writes",
     "last_token_onehot",
+    "StepMaps",
+    "step_maps",
 ]

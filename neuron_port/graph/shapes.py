@@ -87,7 +87,7 @@ class StoreShapes:
     @classmethod
     def of(cls, layout: Layout, shape: PortShape, kv_heads: dict[int, int] | None = None) -> StoreShapes:
         specs = {kv: kv_store_spec(layout, kv, shape.ring_buffers, kv_heads) for kv in shape.kv_lens}
-        rings = {kv: (layout.sliding_window if any(s.ring for s in spec.slots) else None) for kv, spec in specs.items()}
+        rings = {kv: spec.ring for kv, spec in specs.items()}
         prefill_kv = {b: next(kv for kv in shape.kv_lens if kv >= b) for b in shape.buckets}
         return cls(shape, specs, prefill_kv, rings)
 

@@ -10,11 +10,12 @@ Shapes (``seq`` is the prompt bucket for prefill and 1 for decode)::
     inputs_embeds   [batch, seq, hidden]
     per_layer       [batch, seq, layers, per_layer]   (per_layer = 0 without per-layer inputs)
     position_ids    [batch, seq]
-    mask_full       [batch, 1, seq, kv_len or seq]
-    mask_sliding    [batch, 1, seq, ring or seq]
-    write_full      [batch, seq, kv_len]
-    write_sliding   [batch, seq, ring or kv_len]
-    last_onehot     [batch, seq]
+    lengths         [batch] (int64): the positions each row holds once the step has written
+                    (prefill: the prompt's real length; decode: the new token's position + 1)
+
+The graph builds its masks, one-hot write maps and last-token pick from ``lengths`` on the device
+(:func:`neuron_port.graph.masks.step_maps`), so no input grows with the KV length: a step ships
+its activations and two small integer tensors.
 """
 
 from __future__ import annotations
@@ -35,11 +36,7 @@ class StepInputs(NamedTuple):
     inputs_embeds: torch.Tensor
     per_layer: torch.Tensor
     position_ids: torch.Tensor
-    mask_full: torch.Tensor
-    mask_sliding: torch.Tensor
-    write_full: torch.Tensor
-    write_sliding: torch.Tensor
-    last_onehot: torch.Tensor
+    lengths: torch.Tensor
 
 
 INPUT_NAMES: tuple[str, ...] = StepInputs._fields

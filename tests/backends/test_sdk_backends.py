@@ -15,6 +15,7 @@ from neuron_port.generation.generate import generate
 from neuron_port.generation.request import GenerationRequest
 from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape
+from neuron_port.graph.step import INPUT_NAMES
 from neuron_port.model.loading import build_model
 from neuron_port.parallel.ranks import RankSetup
 from tests.helpers import run_cli, run_cli_process
@@ -82,8 +83,9 @@ def test_nxd_alias_map_points_every_kv_parameter_at_its_output(tiny_e2b):
     out = resident(*inputs)
     for param, index in aliases.items():
         assert out[index].shape == param.shape
-    # the graph's own alias list agrees: input 8 + j is output 1 + j
-    assert port.graphs.decode[32].aliases == {8 + j: 1 + j for j in range(len(shapes))}
+    # the graph's own alias list agrees: input len(INPUT_NAMES) + j is output 1 + j
+    first = len(INPUT_NAMES)
+    assert port.graphs.decode[32].aliases == {first + j: 1 + j for j in range(len(shapes))}
 
 
 @pytest.mark.neuron

@@ -69,7 +69,8 @@ def test_ring_slots_hold_exactly_the_hf_sliding_window(window, prompt_len, decod
     hf_visible = sliding_window_mask_function((window, 0))
     # positions held by each slot, tracked through the one-hot write maps
     held = torch.full((ring,), -1)
-    _, w_slide = masks.prefill_writes(torch.tensor([prompt_len]), prompt_len, prompt_len + decode_steps + 1, ring)
+    _, w_slide = masks.prefill_writes(torch.arange(prompt_len)[None], torch.tensor([prompt_len]),
+                                      prompt_len + decode_steps + 1, ring)
     positions = torch.arange(prompt_len).double()
     held = torch.where(w_slide[0].sum(0) > 0, (w_slide[0].T.double() @ positions).long(), held)
     assert torch.equal(held, masks.ring_positions(torch.tensor([prompt_len - 1]), ring)[0])

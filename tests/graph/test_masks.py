@@ -11,9 +11,34 @@ from neuron_port.graph import masks
 
 @given(st.integers(1, 6), st.integers(1, 40), st.integers(1, 30))
 def test_prefill_masks_match_hf_definition(batch, bucket, window):
-    full, sliding = masks.prefill_masks(torch.ones(batch, dtype=torch.long), bucket, window)
+    full, sliding = masks.prefill_masks(torch.arange(bucket).expand(batch, bucket), window)
     hf_visible = sliding_window_mask_function((window, 0))
     for q in range(bucket):
         for k in range(bucket):
             assert (sliding[0, 0, q, k] == 0) == bool(hf_visible(0, 0, q, k))
             assert (full[0, 0, q, k] == 0) == (k <= q)
+
+
+@given(st.integers(1, 4), st.sampled_from([(16, 8, 8), (16, None, 4), (12, None, None)]), st.data())
+def test_step_maps_are_the_builders_maps_made_where_the_inputs_are(batch, layout, data):
+    """A graph builds its maps from its inputs: prefill's from the position ids and prompt lengths,
+    decode's from the new token's position (length - 1); every tensor is made on the inputs' device
+    (the meta device here: a builder that made one on the host would fail to combine with it)."""
+    kv_len, ring, window = layout
+    lengths = torch.tensor(data.draw(st.lists(st.integers(0, 8), min_size=batch, max_size=batch)))
+    steps = torch.arange(8).expand(batch, 8)
+    got = masks.step_maps(steps, lengths, True, kv_len, window, ring)
+    assert torch.equal(got.mask_full, masks.prefill_masks(steps, window)[0])
+    assert torch.equal(got.write_sliding, masks.prefill_writes(steps, lengths, kv_len, ring)[1])
+    assert torch.equal(got.last_onehot, masks.last_token_onehot(steps, lengths))
+    for row, length in enumerate(lengths.tolist()):  # each real token written once, the last one picked
+        assert got.write_full[row].sum(dim=-1).tolist() == [1.0] * length + [0.0] * (8 - length)
+        assert got.last_onehot[row].tolist() == [float(p == length - 1) for p in range(8)]
+    positions = torch.tensor(data.draw(st.lists(st.integers(0, kv_len - 1), min_size=batch, max_size=batch)))
+    got = masks.step_maps(positions[:, None], positions + 1, False, kv_len, window, ring)
+    assert torch.equal(got.mask_sliding, masks.decode_masks(positions, kv_len, window, ring)[1])
+    assert torch.equal(got.write_full, masks.decode_writes(positions, kv_len, ring)[0])
+    assert torch.equal(got.last_onehot, torch.ones(batch, 1))
+    for prefill, seq in ((True, 8), (False, 1)):
+        on_meta = masks.step_maps(steps[:, :seq].to("meta"), lengths.to("meta"), prefill, kv_len, window, ring)
+        assert all(t.device.type == "meta" for t in on_meta)

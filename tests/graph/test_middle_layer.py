@@ -50,8 +50,8 @@ def test_kv_store_flat_form_round_trips_and_names_a_wrong_count():
 
 
 def test_graph_aliases_follow_the_step_inputs():
-    assert INPUT_NAMES == StepInputs._fields and len(INPUT_NAMES) == 8
-    assert kv_aliases(4) == {8: 1, 9: 2, 10: 3, 11: 4}
+    assert INPUT_NAMES == StepInputs._fields and len(INPUT_NAMES) == 4
+    assert kv_aliases(4) == {4: 1, 5: 2, 6: 3, 7: 4}
 
 
 def test_the_kv_head_gather_is_passed_explicitly_and_is_load_bearing():

@@ -55,10 +55,11 @@ def test_restoring_buffers_fixes_a_parameter_only_load():
 def test_graph_aliases_and_static_inputs():
     model = build_model(load_config("gemma-4-12b", tiny=True), seed=0)
     from neuron_port.graph.port import Port
+    from neuron_port.graph.step import INPUT_NAMES
 
     port = Port.over_model(model, PortShape([16], 64))
     n, decode = len(port.stores.largest.slots), port.graphs.decode[port.kv_len]
-    assert decode.aliases == {8 + j: 1 + j for j in range(2 * n)}
+    assert decode.aliases == {len(INPUT_NAMES) + j: 1 + j for j in range(2 * n)}
     inputs = port.inputs.decode_fresh(torch.tensor([5]), torch.tensor([20]), port.kv_len)
     out = decode(*inputs, *port.inputs.new_store(1, port.kv_len))
     assert out[0].shape == (1, model.config.vocab_size)
