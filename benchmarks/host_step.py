@@ -7,7 +7,13 @@ one-hot writes from the lengths) written into preallocated tensors, against buil
 embeddings, masks and writes fresh on the host each step (what the port's host did before its
 graphs built their own maps). Prints JSON with ratios.
 
+It also measures what one step sends from the host at E2B's real shapes (a prompt bucket of
+``--bucket`` tokens prefilled into a store of ``--store-kv-len`` positions, and a decode step at that
+length, bf16): the library's step inputs, against the host-built masks and one-hot write maps the
+graphs took before they built their own (same embeddings), in bytes and in milliseconds to build.
+
     python benchmarks/host_step.py [--vocab 262144] [--kv-len 2048] [--repeats 20]
+                                   [--bucket 2048] [--store-kv-len 32768]
 """
 
 from __future__ import annotations
@@ -18,10 +24,13 @@ import time
 
 import torch
 
+from neuron_port import describe, load_config
 from neuron_port.generation.sampling import SamplingParams, filtered_distribution, reference_distribution
 from neuron_port.graph import masks
 from neuron_port.graph.embedding import HostEmbeddings
+from neuron_port.graph.host_inputs import HostInputs
 from neuron_port.graph.scratch import DecodeScratch
+from neuron_port.graph.shapes import PortShape, StoreShapes
 
 
 def _time(fn, repeats: int) -> float:
@@ -32,12 +41,52 @@ def _time(fn, repeats: int) -> float:
     return (time.perf_counter() - start) / repeats * 1e3
 
 
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def step_payload(emb: HostEmbeddings, bucket: int, kv_len: int, repeats: int) -> dict:
+    """Bytes one prefill (a full ``bucket``) and one decode step at ``kv_len`` send from the host, and
+    the ms to build them: the library's inputs against the host-built maps of the same step."""
+    config = load_config("gemma-4-e2b")
+    layout = describe(config)
+    stores = StoreShapes.of(layout, PortShape([bucket], [kv_len]))
+    inputs = HostInputs(layout, stores, emb)
+    ids, lengths = torch.randint(0, emb.word.shape[0], (1, bucket)), torch.tensor([bucket])
+    positions = torch.arange(bucket)[None]
+    spec, dtype = stores.specs[kv_len], emb.word.dtype
+
+    def host_maps_prefill():
+        embeds = emb.embed(ids)
+        return (*embeds, positions, *masks.prefill_masks(positions, spec.window, dtype),
+                *masks.prefill_writes(positions, lengths, kv_len, spec.ring, dtype),
+                masks.last_token_onehot(positions, lengths, dtype))
+
+    last = torch.tensor([kv_len - 1])
+
+    def host_maps_decode():
+        embeds = emb.embed(ids[:, :1])
+        return (*embeds, last[:, None], *masks.decode_masks(last, kv_len, spec.window, spec.ring, dtype),
+                *masks.decode_writes(last, kv_len, spec.ring, dtype), torch.ones(1, 1, dtype=dtype))
+
+    def row(library, peer) -> dict:
+        ours, theirs = _nbytes(library()), _nbytes(peer())
+        return {"library_bytes": ours, "host_maps_bytes": theirs, "ratio_host_maps_over_library": round(theirs / ours, 2),
+                "library_ms": round(_time(library, repeats), 3), "host_maps_ms": round(_time(peer, repeats), 3)}
+
+    return {"bucket": bucket, "kv_len": kv_len, "dtype": str(dtype).removeprefix("torch."),
+            "prefill": row(lambda: inputs.prefill(ids, lengths, bucket), host_maps_prefill),
+            "decode": row(lambda: inputs.decode_fresh(ids[0, :1], last, kv_len), host_maps_decode)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--vocab", type=int, default=262144)
     ap.add_argument("--kv-len", type=int, default=2048)
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--bucket", type=int, default=2048, help="prompt bucket of the step-payload figures")
+    ap.add_argument("--store-kv-len", type=int, default=32768, help="KV length of the step-payload figures")
     args = ap.parse_args()
     torch.manual_seed(0)
     logits = torch.randn(args.vocab) * 8
@@ -75,6 +124,7 @@ def main() -> None:
 
     preallocated_ms = _time(lambda: scratch.fill(tok, pos), args.repeats)
     fresh_ms = _time(fresh, args.repeats)
+    payload = step_payload(emb, args.bucket, args.store_kv_len, max(2, args.repeats // 4))
     print(
         json.dumps(
             {
@@ -92,6 +142,7 @@ def main() -> None:
                     "ratio_fresh_over_preallocated": round(fresh_ms / preallocated_ms, 2),
                 },
                 "kv_len": args.kv_len,
+                "step_payload": payload,
                 "threads": torch.get_num_threads(),
             },
             indent=2,

@@ -94,8 +94,14 @@ def test_slim_rss_smoke():
 
 @pytest.mark.slow
 def test_host_step_smoke():
-    out = _run_here("host_step.py", "--vocab", "4096", "--kv-len", "256", "--window", "64", "--repeats", "2")
+    out = _run_here("host_step.py", "--vocab", "4096", "--kv-len", "256", "--window", "64", "--repeats", "2",
+                    "--bucket", "64", "--store-kv-len", "512")
     assert _positive(out["sampling_ms"]["library_topk_topp"], out["decode_host_inputs_ms"]["preallocated"])
+    payload = out["step_payload"]
+    assert (payload["bucket"], payload["kv_len"]) == (64, 512)
+    # the maps the graphs build are no longer sent: a step sends less than its host-built maps took
+    for step in ("prefill", "decode"):
+        assert 0 < payload[step]["library_bytes"] < payload[step]["host_maps_bytes"]
 
 
 @pytest.mark.slow
