@@ -4,7 +4,10 @@ The graphs call the real ``transformers`` decoder stack of any supported family 
 per-layer inputs, per-type RoPE and head sizes come for free) with three substitutions:
 
 * a static KV store (owners only; sliding owners as rings) passed in and returned as
-  explicit tensors, written by one-hot blends through Hugging Face's ``cache.update`` hook;
+  explicit tensors, written through Hugging Face's ``cache.update`` hook: a prefill writes its
+  prompt's rows by position (:func:`~neuron_port.graph.kv.prefill_write`), a decode step its new
+  row by a one-hot map (a select, a scatter of the row, or an in-place scatter, as the backend
+  asks);
 * masks per attention type built in the graph from each row's length
   (:func:`~neuron_port.graph.masks.step_maps`; the family adapter says in what form its text model
   takes them), with the one-hot write maps and the last-token pick;
@@ -29,7 +32,7 @@ from torch import nn
 
 from neuron_port.families import family_of
 from neuron_port.graph import attention, masks
-from neuron_port.graph.kv import KVStoreSpec, onehot_write, row_write, scatter_write_
+from neuron_port.graph.kv import KVStoreSpec, onehot_write, prefill_write, row_write, scatter_write_
 from neuron_port.graph.shapes import StoreShapes
 from neuron_port.graph.step import kv_aliases
 from neuron_port.model.quant import Int8Linear
@@ -38,32 +41,44 @@ from neuron_port.model.quant import Int8Linear
 class OneHotCache:
     """Hugging Face cache protocol over the static store (built fresh inside each forward).
 
-    ``update`` writes a layer's new K/V into its buffer with a one-hot blend. In prefill it
-    returns the fresh prompt K/V (the prompt attends itself; a ring could not hold a prompt
-    longer than the window); in decode it returns the updated buffers.
+    ``update`` writes a layer's new K/V into its buffer. In prefill the prompt's rows go by
+    position (``positions``, ``lengths``: the step's position ids and each row's real length;
+    :func:`~neuron_port.graph.kv.prefill_write`) and
+    it returns the fresh prompt K/V (the prompt attends itself; a ring could not hold a prompt
+    longer than the window); in decode the new row goes where the one-hot ``writes`` map of its
+    layer's kind points, and it returns the updated buffers.
     """
 
-    def __init__(self, spec: KVStoreSpec, kv: tuple[torch.Tensor, ...], writes: dict[str, torch.Tensor], prefill: bool,
-                 inplace: bool = False, rows: bool = False):
+    def __init__(self, spec: KVStoreSpec, kv: tuple[torch.Tensor, ...], writes: dict[str, torch.Tensor] | None,
+                 prefill: bool, inplace: bool = False, rows: bool = False, positions: torch.Tensor | None = None,
+                 lengths: torch.Tensor | None = None):
         n = len(spec.slots)
         self.index = {slot.layer: j for j, slot in enumerate(spec.slots)}
         self.kinds = {slot.layer: slot.attention for slot in spec.slots}
+        self.rings = {slot.layer: slot.slots if slot.ring else None for slot in spec.slots}
         self.keys = list(kv[:n])
         self.values = list(kv[n:])
         self.writes = writes
         self.prefill = prefill
+        if prefill and (positions is None or lengths is None):
+            raise ValueError("a prefill cache writes its rows by position: pass the position ids and each row's length")
+        self.positions = positions
+        self.lengths = lengths
         self.inplace = inplace and not prefill
         self.rows = rows and not prefill
         self.is_compileable = False
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         j = self.index[layer_idx]
+        if self.prefill:
+            ring = self.rings[layer_idx]
+            self.keys[j] = prefill_write(self.keys[j], key_states, self.positions, self.lengths, ring)
+            self.values[j] = prefill_write(self.values[j], value_states, self.positions, self.lengths, ring)
+            return key_states, value_states
         write = self.writes[self.kinds[layer_idx]]
         store = scatter_write_ if self.inplace else row_write if self.rows else onehot_write
         self.keys[j] = store(self.keys[j], key_states, write)
         self.values[j] = store(self.values[j], value_states, write)
-        if self.prefill:
-            return key_states, value_states
         return self.keys[j], self.values[j]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -131,8 +146,9 @@ class StaticLMGraph(nn.Module):
     ) -> tuple[torch.Tensor, ...]:
         spec = self.spec
         maps = masks.step_maps(position_ids, lengths, self.prefill, spec.kv_len, spec.window, spec.ring, inputs_embeds.dtype)
-        cache = OneHotCache(spec, kv, {"full": maps.write_full, "sliding": maps.write_sliding}, self.prefill,
-                            self.inplace_kv_writes, self.row_kv_writes)
+        writes = None if self.prefill else {"full": maps.write_full, "sliding": maps.write_sliding}
+        cache = OneHotCache(spec, kv, writes, self.prefill, self.inplace_kv_writes, self.row_kv_writes,
+                            position_ids, lengths)
         extra = self.family.text_model_extra_inputs(per_layer) if self.has_ple else {}
         out = self.family.text_model(self.model)(
             inputs_embeds=inputs_embeds,

@@ -212,6 +212,39 @@ def onehot_write(buf: torch.Tensor, new: torch.Tensor, onehot: torch.Tensor) -> 
 
 
 
+def prefill_write(buf: torch.Tensor, new: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor,
+                  ring: int | None) -> torch.Tensor:
+    """Prefill write of the prompt rows only, equal to :func:`onehot_write` with
+    :func:`~neuron_port.graph.masks.prefill_writes`' map.
+
+    buf: [batch, heads, slots, head_dim]; new: [batch, heads, steps, head_dim], a prompt right-padded
+    to ``steps`` positions; positions: [batch, steps], each row ``0..steps-1`` (the graph's input, so
+    a traced graph holds no per-bucket constant); lengths: [batch] real lengths (0 writes nothing). A buffer
+    where slot ``p`` holds position ``p`` (``ring`` None, ``slots >= steps``) takes the real steps in
+    its first ``steps`` slots, one static slice (NxD Inference's ``fill_prefix``); a ring of ``ring``
+    slots takes, in slot ``s``, the last real step ``t`` with ``t % ring == s``, one gather along the
+    steps. Every other slot keeps what it held, so a step reads and writes the prompt's rows, never
+    the whole store, and no ``[steps, slots]`` map is read.
+    """
+    b, h, slots, d = buf.shape
+    steps = new.shape[2]
+    new = new.to(buf.dtype)
+    if ring is None:
+        if steps > slots:
+            raise ValueError(f"a prefill of {steps} steps does not fit a buffer of {slots} slots")
+        real = positions < lengths[:, None]  # [batch, steps]
+        head = torch.where(real[:, None, :, None], new, buf[:, :, :steps])
+        return buf.slice_scatter(head, dim=2, start=0, end=steps)
+    if ring != slots:
+        raise ValueError(f"a ring of {ring} slots does not match a buffer of {slots} slots")
+    slot = torch.arange(ring, device=lengths.device)[None, :]  # [1, ring]
+    last = lengths[:, None] - 1  # [batch, 1]
+    step = slot + ring * torch.div(last - slot, ring, rounding_mode="floor")  # [batch, ring]: last t <= last, t % ring == s
+    held = (last >= slot)[:, None, :, None]  # a slot no real step reaches keeps its value
+    index = step.clamp(0, steps - 1)[:, None, :, None].expand(b, h, ring, d)
+    return torch.where(held, new.gather(2, index), buf)
+
+
 def row_write(buf: torch.Tensor, new: torch.Tensor, onehot: torch.Tensor) -> torch.Tensor:
     """Decode write of the new rows only: ``buf`` with ``new[b, :, 0]`` at row ``b``'s selected slot.
 
@@ -274,5 +307,5 @@ def grow(
     return out
 
 
-__all__ = ["KVSlotSpec", "KVStoreSpec", "KVStore", "kv_store_spec", "naive_kv_bytes", "onehot_write", "row_write",
-           "scatter_write_", "grow"]
+__all__ = ["KVSlotSpec", "KVStoreSpec", "KVStore", "kv_store_spec", "naive_kv_bytes", "onehot_write", "prefill_write",
+           "row_write", "scatter_write_", "grow"]

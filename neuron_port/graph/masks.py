@@ -123,12 +123,12 @@ def last_token_onehot(positions: torch.Tensor, lengths: torch.Tensor, dtype: tor
 
 
 class StepMaps(NamedTuple):
-    """What a graph step builds from its rows' lengths (shapes as in :mod:`neuron_port.graph.step`)."""
+    """What a graph step builds from its inputs (shapes as in :mod:`neuron_port.graph.step`)."""
 
     mask_full: torch.Tensor  # [batch, 1, seq, kv_len or seq]
     mask_sliding: torch.Tensor  # [batch, 1, seq, ring or seq]
-    write_full: torch.Tensor  # [batch, seq, kv_len]
-    write_sliding: torch.Tensor  # [batch, seq, ring or kv_len]
+    write_full: torch.Tensor | None  # decode: [batch, 1, kv_len]; None in prefill (its rows go by position)
+    write_sliding: torch.Tensor | None  # decode: [batch, 1, ring or kv_len]; None in prefill
     last_onehot: torch.Tensor  # [batch, seq]
 
 
@@ -139,11 +139,11 @@ def step_maps(
     """Masks, write maps and the last-token pick of one step from its inputs: ``positions`` [batch,
     seq] (a prefill's ``0..seq-1``, the prompt right-padded to ``seq``) and ``lengths`` [batch], how
     many positions each row holds once the step has written (a prefill: its prompt length; a decode
-    step: its new token's position + 1)."""
+    step: its new token's position + 1). A prefill writes its rows by position
+    (:func:`neuron_port.graph.kv.prefill_write`), so it builds no write map."""
     if prefill:
         m_full, m_slide = prefill_masks(positions, window, dtype)
-        w_full, w_slide = prefill_writes(positions, lengths, kv_len, ring, dtype)
-        return StepMaps(m_full, m_slide, w_full, w_slide, last_token_onehot(positions, lengths, dtype))
+        return StepMaps(m_full, m_slide, None, None, last_token_onehot(positions, lengths, dtype))
     positions = lengths - 1
     m_full, m_slide = decode_masks(positions, kv_len, window, ring, dtype)
     w_full, w_slide = decode_writes(positions, kv_len, ring, dtype)

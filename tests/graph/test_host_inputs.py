@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from neuron_port.graph import masks
 from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.graph.host_inputs import HostInputs
+from neuron_port.graph.kv import prefill_write
 from neuron_port.graph.port import Port
 from neuron_port.graph.scratch import DecodeScratch
 from neuron_port.graph.shapes import PortShape
@@ -36,8 +37,8 @@ def test_the_scratch_fills_what_a_fresh_decode_builds(batch, data):
 
 
 def test_a_prefill_writes_each_rows_real_tokens_and_picks_its_last(tiny_e2b):
-    """The host hands over lengths; the maps the graph builds from them write exactly each row's real
-    tokens (a row of length 0 writes nothing) and pick its last one."""
+    """The host hands over lengths; the graph writes exactly each row's real tokens from them (a row of
+    length 0 writes nothing) and picks its last one."""
     port = Port.over_model(tiny_e2b, PortShape([16], [32]))
     inputs: HostInputs = port.inputs
     assert isinstance(inputs, HostInputs)
@@ -48,9 +49,12 @@ def test_a_prefill_writes_each_rows_real_tokens_and_picks_its_last(tiny_e2b):
     assert torch.equal(step.lengths, lengths)
     spec = port.stores.specs[port.stores.prefill_kv[16]]
     maps = masks.step_maps(step.position_ids, step.lengths, True, spec.kv_len, spec.window, spec.ring)
+    full = next(s for s in spec.slots if not s.ring)
+    buf = torch.full(full.shape(4), -1.0)
+    new = torch.arange(1, 17, dtype=torch.float32).view(1, 1, 16, 1).expand(4, full.n_kv, 16, full.head_dim)
+    written = prefill_write(buf, new, step.position_ids, step.lengths, None)[:, 0, :, 0]  # [4, slots]: step t + 1 in slot t
     for row, length in enumerate(lengths.tolist()):
-        written = maps.write_full[row].sum(dim=-1)  # [16]: one slot per real token, none for padding
-        assert written[:length].eq(1).all() and written[length:].eq(0).all()
+        assert written[row].tolist() == [float(t + 1) for t in range(length)] + [-1.0] * (full.slots - length)
         assert maps.last_onehot[row].sum().item() == min(length, 1)
         if length:
             assert maps.last_onehot[row].argmax().item() == length - 1

@@ -1,5 +1,5 @@
-"""The KV store: one-hot writes equal index assignment, the decode row write and the in-place decode write equal
-the blend, rings hold the sliding window."""
+"""The KV store: one-hot writes equal index assignment, the prefill's write by position, the decode row write
+and the in-place decode write equal the blend, rings hold the sliding window."""
 
 
 import pytest
@@ -9,7 +9,15 @@ from hypothesis import strategies as st
 from transformers.models.gemma4.modeling_gemma4 import sliding_window_mask_function
 
 from neuron_port.graph import masks
-from neuron_port.graph.kv import KVSlotSpec, KVStore, KVStoreSpec, onehot_write, row_write, scatter_write_
+from neuron_port.graph.kv import (
+    KVSlotSpec,
+    KVStore,
+    KVStoreSpec,
+    onehot_write,
+    prefill_write,
+    row_write,
+    scatter_write_,
+)
 from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape
 from neuron_port.graph.step import run_step
@@ -62,6 +70,26 @@ def test_the_row_write_equals_the_onehot_blend(batch, heads, slots, data):
     assert torch.equal(out, onehot_write(buf, new, onehot)) and torch.equal(buf, before)  # a new tensor
 
 
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 24), st.one_of(st.none(), st.integers(1, 12)), st.data())
+def test_the_prefill_write_by_position_equals_the_blend_of_its_map(batch, heads, steps, ring, data):
+    """A prompt right-padded to ``steps``, rows of any real length (0 included), into a store that already
+    holds values: a buffer by position (ring None, any number of slots from ``steps``) or a ring."""
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 999)))
+    slots = ring if ring is not None else steps + data.draw(st.integers(0, 8))
+    buf = torch.randn(batch, heads, slots, 4, generator=g, dtype=torch.float64)
+    new = torch.randn(batch, heads, steps, 4, generator=g, dtype=torch.float64)
+    lengths = torch.tensor(data.draw(st.lists(st.integers(0, steps), min_size=batch, max_size=batch)))
+    positions = torch.arange(steps).expand(batch, steps)
+    w_full, w_ring = masks.prefill_writes(positions, lengths, slots, ring, torch.float64)
+    before = buf.clone()
+    out = prefill_write(buf, new, positions, lengths, ring)
+    assert torch.equal(out, onehot_write(buf, new, w_ring if ring is not None else w_full))
+    assert torch.equal(buf, before)  # a new tensor
+    if ring is None:
+        with pytest.raises(ValueError, match="does not fit a buffer"):
+            prefill_write(buf[:, :, : steps - 1], new, positions, lengths, None)
+
+
 @given(st.integers(1, 9), st.integers(1, 60), st.integers(0, 40))
 def test_ring_slots_hold_exactly_the_hf_sliding_window(window, prompt_len, decode_steps):
     """Prefill writes + decode writes into a ring reproduce HF's sliding visibility at every step."""
@@ -74,6 +102,10 @@ def test_ring_slots_hold_exactly_the_hf_sliding_window(window, prompt_len, decod
     positions = torch.arange(prompt_len).double()
     held = torch.where(w_slide[0].sum(0) > 0, (w_slide[0].T.double() @ positions).long(), held)
     assert torch.equal(held, masks.ring_positions(torch.tensor([prompt_len - 1]), ring)[0])
+    # the graphs' write by position puts the same positions in the same slots
+    by_position = prefill_write(torch.full((1, 1, ring, 1), -1.0, dtype=torch.float64), positions.view(1, 1, -1, 1),
+                                torch.arange(prompt_len)[None], torch.tensor([prompt_len]), ring)
+    assert torch.equal(by_position.view(ring).long(), held)
     for t in range(prompt_len, prompt_len + decode_steps):
         _, w = masks.decode_writes(torch.tensor([t]), t + 1, ring)
         held = torch.where(w[0, 0] > 0, torch.tensor(t), held)
