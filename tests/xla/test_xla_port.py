@@ -117,13 +117,15 @@ def test_lint_findings_catch_a_store_copied_in_and_out(tiny_e2b, monkeypatch):
 
 
 def test_lint_findings_catch_a_step_without_its_sync(tiny_e2b, monkeypatch):
-    """Without one sync per step every step records all earlier ones: more compiles than graphs."""
+    """Without one sync per step every step records all earlier ones: more compiles than graphs. Three
+    steps show it (each compiles a longer graph than the last, so the cost grows with the square of
+    the count: six took 76.5 s against 24.5 s, measured side by side)."""
     from neuron_port.backends.xla import XlaRunner
     from neuron_port.checks.xla_lint import findings_of
 
     monkeypatch.setattr(XlaRunner, "sync_each_step", False)
-    _, got, report = _xla_run(tiny_e2b, PortShape(20, 72), 6)
-    assert report["uncached_compiles"] >= 6 and report["cached_compiles"] == 0  # every step compiled anew
+    _, got, report = _xla_run(tiny_e2b, PortShape(20, 72), 3)
+    assert report["uncached_compiles"] >= 3 and report["cached_compiles"] == 0  # every step compiled anew
     assert "xla-recompiles" in {f.name for f in findings_of(report)}
 
 
