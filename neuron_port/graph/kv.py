@@ -221,10 +221,11 @@ def prefill_write(buf: torch.Tensor, new: torch.Tensor, positions: torch.Tensor,
     to ``steps`` positions; positions: [batch, steps], each row ``0..steps-1`` (the graph's input, so
     a traced graph holds no per-bucket constant); lengths: [batch] real lengths (0 writes nothing). A buffer
     where slot ``p`` holds position ``p`` (``ring`` None, ``slots >= steps``) takes the real steps in
-    its first ``steps`` slots, one static slice (NxD Inference's ``fill_prefix``); a ring of ``ring``
-    slots takes, in slot ``s``, the last real step ``t`` with ``t % ring == s``, one gather along the
-    steps. Every other slot keeps what it held, so a step reads and writes the prompt's rows, never
-    the whole store, and no ``[steps, slots]`` map is read.
+    its first ``steps`` slots, one static slice update (NxD Inference's ``fill_prefix``, which emits
+    it as a dynamic-update-slice; torch-xla lowers ``slice_scatter`` as a select over the buffer); a
+    ring of ``ring`` slots takes, in slot ``s``, the last real step ``t`` with ``t % ring == s``, one
+    gather along the steps. Every other slot keeps what it held. No ``[steps, slots]`` map is built
+    or read, and no matmul over the store is made.
     """
     b, h, slots, d = buf.shape
     steps = new.shape[2]
