@@ -40,7 +40,7 @@ class AdapterError(NeuronPortError, NotImplementedError):
 
 
 class MaskFormError(AdapterError, ValueError):
-    """The text model dropped the host-built masks: the adapter's ``attention_mask_argument`` gives
+    """The text model dropped the graph's masks: the adapter's ``attention_mask_argument`` gives
     them in a form this model ignores (a mapping to a model that takes one tensor, or the reverse)."""
 
 

@@ -294,7 +294,7 @@ def format_capacity_plan(plan: Plan) -> str:
         f"  host RAM: full {plan.host_ram_bytes['full'] / GiB:.1f} GiB, slim {plan.host_ram_bytes['slim'] / GiB:.1f} GiB; "
         f"compile ~{plan.compile_host_ram_bytes / 1e9:.0f} GB (swap >= {plan.swap_recommended_bytes / 1e9:.0f} GB)",
         f"  roofline decode {plan.roofline_tok_per_s:.1f} tok/s (weights + {plan.kv_read_bytes_per_token / mib:.1f} MiB "
-        f"of K/V read per token per core); measured "
+        f"of K/V read per step per core); measured "
         + (f"{plan.measured_tok_per_s} tok/s ({plan.measured_note})" if plan.measured_tok_per_s else "unknown"),
     ]
     lines += [f"  - {r}" for r in plan.reasons]

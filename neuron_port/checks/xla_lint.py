@@ -39,7 +39,7 @@ def findings_of(report: dict[str, Any]) -> list[Check]:
     if report["uncached_compiles"] > report["graphs"]:
         found.append(Check.finding("xla-recompiles", "error", "generation",
                              f"{report['uncached_compiles']} uncached compiles for {report['graphs']} graph shapes",
-                             "keep every per-step value a tensor input (positions, masks, writes); nothing read from a "
+                             "keep every per-step value a tensor input (embeddings, positions, lengths); nothing read from a "
                              "Python scalar may change the traced graph"))
     for op, count in sorted(report["fallback_ops"].items()):
         found.append(Check.finding("xla-fallback", "error", op, f"ran {count} times on the CPU outside the graph",

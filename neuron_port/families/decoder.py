@@ -333,7 +333,7 @@ class DecoderFamily:
         return head.weight if head is not None else self.word_embedding(model).weight
 
     def attention_mask_argument(self, masks: dict[str, torch.Tensor]) -> Any:
-        """What the text model's ``attention_mask`` gets, from host-built additive masks keyed
+        """What the text model's ``attention_mask`` gets, from the graph's additive masks keyed
         ``"full"`` and ``"sliding"`` ([batch, 1, q_len, kv_len] each).
 
         The default is the mask mapping by layer type that Gemma-4, Qwen3 and most recent

@@ -72,7 +72,7 @@ def static_attention(
             for seen in _RECORDINGS:
                 seen.add(id(module))
     if attention_mask is None:
-        # The static graphs always hand over host-built masks. None means the text model
+        # The static graphs always hand over the masks they build. None means the text model
         # dropped them (a family adapter gave the mask in a form its model ignores), and
         # attention would silently see every slot, padding and stale ring entries included.
         raise MaskFormError("neuron_port_eager attention got no mask: the family adapter's attention_mask_argument "

@@ -8,9 +8,9 @@ per-layer inputs, per-type RoPE and head sizes come for free) with three substit
   prompt's rows by position (:func:`~neuron_port.graph.kv.prefill_write`), a decode step its new
   row by a one-hot map (a select, a scatter of the row, or an in-place scatter, as the backend
   asks);
-* masks per attention type built in the graph from each row's length
-  (:func:`~neuron_port.graph.masks.step_maps`; the family adapter says in what form its text model
-  takes them), with the one-hot write maps and the last-token pick;
+* masks per attention type built in the graph from the position ids (and, in decode, each row's
+  length; :func:`~neuron_port.graph.masks.step_maps`; the family adapter says in what form its text
+  model takes them), with decode's one-hot write maps and the last-token pick;
 * no embedding tables and no softcap: embeddings come in as activations and the graph ends
   at raw logits of the LM head for each row's last real token.
 

@@ -2,7 +2,7 @@
 
 :class:`HostInputs` gathers embeddings on the host and hands each row's position ids and length to
 the graphs of one rank's :class:`~neuron_port.graph.shapes.StoreShapes`; the graphs build their masks
-and one-hot write maps from the lengths (:func:`neuron_port.graph.masks.step_maps`). Prefill inputs
+and write maps from them (:func:`neuron_port.graph.masks.step_maps`). Prefill inputs
 are built fresh; decode inputs are written into tensors preallocated once per batch and KV length
 (:class:`~neuron_port.graph.scratch.DecodeScratch`), so a decode step allocates nothing of the
 embedding size. ``example_*`` give inputs of the right shapes for tracing.
@@ -37,6 +37,8 @@ class HostInputs:
         if ids.ndim != 2 or ids.shape[1] != bucket or lengths.shape != (ids.shape[0],):
             raise ValueError(f"prefill expects ids [batch, {bucket}] and lengths [batch], found {tuple(ids.shape)} "
                              f"and {tuple(lengths.shape)}")
+        if len(lengths) and (int(lengths.min()) < 0 or int(lengths.max()) > bucket):
+            raise ValueError(f"prefill expects lengths in 0..{bucket} (the bucket), found {lengths.tolist()}")
         embeds, per_layer = self.embeddings.embed(ids)
         positions = self._positions[:bucket].expand(ids.shape[0], bucket).contiguous()
         return StepInputs(embeds, per_layer, positions, lengths.to(torch.long))

@@ -2,12 +2,15 @@
 
 Only layers that own K/V allocate a buffer; KV-shared layers read their source layer's
 buffer. Full-attention owners hold ``kv_len`` slots; sliding owners hold a ring of
-``window`` slots (position ``p`` lives in slot ``p % window``). A write takes a one-hot map of
-the slots each step writes, built on the host, so the same code traces into one static device
-graph. Prefill writes are one-hot blends — ``buf * (1 - hit) + onehot @ new``. A decode write is
-the blend too (:func:`onehot_write`, a select over the whole store), or, where the backend keeps
-the store aliased on the device, a scatter of the new rows at the slot the map selects
-(:func:`row_write`), or an in-place scatter on a backend that allows one (:func:`scatter_write_`).
+``window`` slots (position ``p`` lives in slot ``p % window``). Every write is static-shaped, so
+the same code traces into one device graph. A prefill writes its prompt's rows by position
+(:func:`prefill_write`: a slice of the first slots, or a gather into a ring). A decode write takes
+the one-hot map of the slot each row writes (built in the graph from the positions,
+:mod:`neuron_port.graph.masks`): a select over the whole store (:func:`onehot_write`), or, where the
+backend keeps the store aliased on the device, a scatter of the new rows at the slot the map
+selects (:func:`row_write`), or an in-place scatter on a backend that allows one
+(:func:`scatter_write_`). :func:`onehot_write` with a prefill's map is the reference the prefill
+write is tested against.
 Buffers are ``[batch, n_kv, slots, head_dim]``; one K and one V buffer per owner layer.
 """
 

@@ -13,9 +13,10 @@ Shapes (``seq`` is the prompt bucket for prefill and 1 for decode)::
     lengths         [batch] (int64): the positions each row holds once the step has written
                     (prefill: the prompt's real length; decode: the new token's position + 1)
 
-The graph builds its masks, one-hot write maps and last-token pick from ``lengths`` on the device
-(:func:`neuron_port.graph.masks.step_maps`), so no input grows with the KV length: a step ships
-its activations and two small integer tensors.
+The graph builds its masks, decode's one-hot write maps and the last-token pick from
+``position_ids`` and ``lengths`` on the device (:func:`neuron_port.graph.masks.step_maps`), and a
+prefill writes its rows by position, so no input grows with the KV length: a step ships its
+activations and two small integer tensors.
 """
 
 from __future__ import annotations

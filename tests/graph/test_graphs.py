@@ -1,5 +1,6 @@
 """The graphs over a Hugging Face model: a decode graph that writes its new rows only gives the
-blend's logits and store, and compiling asks each graph for the write its backend keeps."""
+blend's logits and store, compiling asks each graph for the write its backend keeps, and a prefill
+graph writes exactly the slots its reference map names."""
 
 import torch
 
@@ -57,3 +58,27 @@ def test_compiling_asks_decode_graphs_only_for_the_row_write(tiny_e2b):
         port.inputs.example_prefill(size, batch) if kind == "prefill" else port.inputs.example_decode(size, batch)))
     assert backend.asked == {("prefill", 8): (False, False), ("prefill", 16): (False, False),
                              ("decode", 32): (True, False), ("decode", 64): (True, False)}
+
+
+def test_a_prefill_graph_writes_each_rows_prompt_where_its_map_says_and_nothing_else(tiny_e2b):
+    """The graph wires its position ids, lengths and each owner's ring into the prefill write: a bucket
+    of 16 over a window of 8 (so rings wrap), rows of lengths 16, 5 and 0, a store already holding
+    values. The slots that change are exactly the slots the reference map writes, owner by owner
+    (a swapped input, a wrong ring or a dropped length moves or widens them)."""
+    from neuron_port.graph import masks
+
+    port = Port.over_model(tiny_e2b, PortShape([16], [32]))
+    spec = port.stores.specs[port.stores.prefill_kv[16]]
+    assert spec.ring is not None and spec.ring < 16
+    g = torch.Generator().manual_seed(5)
+    store = port.inputs.new_store(3, spec.kv_len)
+    filled = type(store).from_tensors(store.spec, [torch.randn(t.shape, generator=g) for t in store.tensors()])
+    lengths = torch.tensor([16, 5, 0])
+    inputs = port.inputs.prefill(torch.randint(0, 100, (3, 16), generator=g), lengths, 16)
+    _, out = run_step(port.graphs.prefill[16], inputs, filled)
+    full_map, ring_map = masks.prefill_writes(inputs.position_ids, lengths, spec.kv_len, spec.ring)
+    for slot, before, after in zip(spec.slots, filled.keys, out.keys, strict=True):
+        written = (ring_map if slot.ring else full_map).sum(dim=1) > 0  # [batch, slots]
+        changed = (after != before).any(dim=-1).any(dim=1)  # [batch, slots]
+        assert torch.equal(changed, written), slot
+    assert all(torch.equal(a[2], b[2]) for a, b in zip(filled.tensors(), out.tensors(), strict=True))  # length 0

@@ -62,6 +62,8 @@ def test_a_prefill_writes_each_rows_real_tokens_and_picks_its_last(tiny_e2b):
     assert all(t.shape[0] == 4 and not t.any() for t in store.tensors())
     with pytest.raises(ValueError, match=r"prefill expects ids \[batch, 16\]"):
         inputs.prefill(ids[:, :8], lengths, 16)
+    with pytest.raises(ValueError, match=r"lengths in 0..16 \(the bucket\), found \[17, 5, 1, 0\]"):
+        inputs.prefill(ids, torch.tensor([17, 5, 1, 0]), 16)
 
 
 def test_no_step_input_grows_with_the_kv_length(tiny_e2b):

@@ -22,8 +22,9 @@ def test_prefill_masks_match_hf_definition(batch, bucket, window):
 @given(st.integers(1, 4), st.sampled_from([(16, 8, 8), (16, None, 4), (12, None, None)]), st.data())
 def test_step_maps_are_the_builders_maps_made_where_the_inputs_are(batch, layout, data):
     """A graph builds its maps from its inputs: prefill's from the position ids and prompt lengths,
-    decode's from the new token's position (length - 1); every tensor is made on the inputs' device
-    (the meta device here: a builder that made one on the host would fail to combine with it)."""
+    decode's from the new token's position (length - 1); every tensor with dimensions is made on the
+    inputs' device (the meta device here: a builder that made one on the host would fail to combine
+    with it; a 0-dim host scalar combines with any device, so it is not caught, and is not a fault)."""
     kv_len, ring, window = layout
     lengths = torch.tensor(data.draw(st.lists(st.integers(0, 8), min_size=batch, max_size=batch)))
     steps = torch.arange(8).expand(batch, 8)
