@@ -64,8 +64,8 @@ class OneHotCache:
             raise ValueError("a prefill cache writes its rows by position: pass the position ids and each row's length")
         self.positions = positions
         self.lengths = lengths
-        self.inplace = inplace and not prefill
-        self.rows = rows and not prefill
+        self.inplace = inplace  # decode's write (a prefill writes by position whatever the backend asks)
+        self.rows = rows
         self.is_compileable = False
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):

@@ -3,7 +3,7 @@
 :class:`HostInputs` gathers embeddings on the host and hands each row's position ids and length to
 the graphs of one rank's :class:`~neuron_port.graph.shapes.StoreShapes`; the graphs build their masks
 and write maps from them (:func:`neuron_port.graph.masks.step_maps`). Prefill inputs
-are built fresh; decode inputs are written into tensors preallocated once per batch and KV length
+are built fresh; decode inputs are written into tensors preallocated once per batch size
 (:class:`~neuron_port.graph.scratch.DecodeScratch`), so a decode step allocates nothing of the
 embedding size. ``example_*`` give inputs of the right shapes for tracing.
 """

@@ -1,8 +1,8 @@
 """Static masks and one-hot write maps for prefill and decode, built inside the graphs.
 
-The graphs take each row's length (:class:`~neuron_port.graph.step.StepInputs`) and build their
-masks, write maps and last-token pick from it with :func:`step_maps`, on the device the lengths are
-on: a prefill of ``T`` tokens at KV length ``kv_len`` would otherwise ship ``[batch, T, kv_len]``
+The graphs take their position ids and each row's length (:class:`~neuron_port.graph.step.StepInputs`)
+and build their masks, decode's write maps and the last-token pick from them with :func:`step_maps`,
+on the device the inputs are on: a prefill of ``T`` tokens at KV length ``kv_len`` would otherwise ship ``[batch, T, kv_len]``
 maps from the host on every call. Every builder here is trace-safe (static sizes, no Python branch
 on a tensor's value) and makes its tensors where its index tensor lives.
 

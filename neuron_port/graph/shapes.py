@@ -76,20 +76,23 @@ class StoreShapes:
 
     ``specs[kv]``: the KV store at KV length ``kv``; ``prefill_kv[bucket]``: the KV length a
     bucket's prefill writes into; ``rings[kv]``: the ring size of that store's sliding owners
-    (None when it has no ring).
+    (None when it has no ring; read from the spec).
     """
 
     shape: PortShape
     specs: dict[int, KVStoreSpec]
     prefill_kv: dict[int, int]
-    rings: dict[int, int | None]
 
     @classmethod
     def of(cls, layout: Layout, shape: PortShape, kv_heads: dict[int, int] | None = None) -> StoreShapes:
         specs = {kv: kv_store_spec(layout, kv, shape.ring_buffers, kv_heads) for kv in shape.kv_lens}
-        rings = {kv: spec.ring for kv, spec in specs.items()}
         prefill_kv = {b: next(kv for kv in shape.kv_lens if kv >= b) for b in shape.buckets}
-        return cls(shape, specs, prefill_kv, rings)
+        return cls(shape, specs, prefill_kv)
+
+    @property
+    def rings(self) -> dict[int, int | None]:
+        """KV length -> the ring size of that store's sliding owners (None when it has no ring)."""
+        return {kv: spec.ring for kv, spec in self.specs.items()}
 
     @property
     def buckets(self) -> list[int]:
