@@ -41,7 +41,6 @@ from neuron_port.graph.shapes import PortShape
 from neuron_port.model.configs import config_to_dict
 from neuron_port.model.loading import checkpoint_state
 from neuron_port.model.localdir import write_tokenizer
-from neuron_port.model.quant import quant_of
 from neuron_port.parallel.ranks import Rank, RankSetup, check_setup_matches, run_ranks
 
 TOKENIZER_FILES = (
@@ -118,13 +117,6 @@ def write_artifact(
             "(xla graphs are checked in process with 'neuron-port port --backend xla')"
         )
     check_backend_tp(backend, setup.tp)
-    quant = quant_of(model)
-    if quant != "none" and backend not in ("cpu", "cpu-eager"):
-        raise ArtifactError(
-            f"a {quant} model on backend {backend!r}: not built yet (neuronx-distributed's quantized layers carry "
-            "the library's int8 checkpoint, checked against its own code in tests/nxd, but the artifact's ModelBuilder "
-            "trace of them is not). Use backend cpu, or 'neuron-port port --backend xla --quant int8' to see the lowering"
-        )
     require_backend(backend)  # fail fast (missing SDK) before any work
     try:
         check_single_kv_length(shape.kv_lens, backend)

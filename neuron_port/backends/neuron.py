@@ -15,7 +15,7 @@ reference:
 ModelBuilder documents both: its executor runs every graph key over one set of weights, loaded onto
 the core once at ``nxd_model.initialize``, and keeps the aliased KV store as one state for all
 keys. So a single core takes the documented path the multi-core one takes; the device checkpoint
-holds device tensors only (:func:`neuron_port.backends.nxd.nxd_checkpoint`).
+holds device tensors only (:func:`neuron_port.backends.nxd_checkpoint.nxd_checkpoint`).
 
 ``port --backend neuron`` (graphs compiled one by one in process) is refused with that advice: the
 Neuron path is an artifact, written by ``neuron-port compile MODEL --backend neuron --out DIR`` and

@@ -34,8 +34,8 @@ from neuron_port.backends.nxd import (
     device_copy,
     load,
     parallelize_for_nxd,
-    traced_checkpoint,
 )
+from neuron_port.backends.nxd_checkpoint import traced_checkpoint
 from neuron_port.errors import ArtifactError, NeuronPortError
 from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.graph.graphs import DecodeGraph, PrefillGraph

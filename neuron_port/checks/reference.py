@@ -100,8 +100,26 @@ def reference_model(manifest: dict[str, Any]) -> nn.Module:
     Hugging Face's own ``from_pretrained``, never this library's loader; quantized as the source
     records), proven to be the same
     weights: its state cast to the artifact's dtype has the manifest's weights fingerprint."""
-    source = manifest["source"]
-    quant = source.get("quant", "none")
+    model = _source_model(manifest["source"], manifest["source"].get("quant", "none"))
+    dtype = parse_dtype(manifest.get("dtype", "float32"))
+    found = weights_fingerprint(cast_state(checkpoint_state(model, clone=False), dtype, keep=fp32_keys(model)))
+    if found != manifest["weights_fingerprint"]:
+        raise ArtifactError(
+            f"the CPU reference rebuilt from {manifest['source']} is not the artifact's checkpoint: weights fingerprint "
+            f"expected {manifest['weights_fingerprint']}, found {found}; refusing to compare against the wrong oracle"
+        )
+    return model
+
+
+def unquantized_reference_model(manifest: dict[str, Any]) -> nn.Module:
+    """The float32 model a quantized artifact's weights were quantized from (its recorded source, not
+    quantized): what the ``quant-drift`` check measures the quantization against. Call it after
+    :func:`reference_model`, which proves the quantized weights are the artifact's: quantizing is
+    deterministic, so this is the model they came from."""
+    return _source_model(manifest["source"], "none")
+
+
+def _source_model(source: dict[str, Any], quant: str) -> nn.Module:
     if source.get("kind") == "shipped":
         model = reference_for_source(source["name"], tiny=bool(source.get("tiny")), seed=int(source.get("seed", 0)),
                                      quant=quant)
@@ -111,13 +129,6 @@ def reference_model(manifest: dict[str, Any]) -> nn.Module:
         model = reference_for_source(source["path"], quant=quant)
     else:
         raise ArtifactError(f"field source: expected kind 'shipped' or 'dir', found {source!r}")
-    dtype = parse_dtype(manifest.get("dtype", "float32"))
-    found = weights_fingerprint(cast_state(checkpoint_state(model, clone=False), dtype, keep=fp32_keys(model)))
-    if found != manifest["weights_fingerprint"]:
-        raise ArtifactError(
-            f"the CPU reference rebuilt from {source} is not the artifact's checkpoint: weights fingerprint "
-            f"expected {manifest['weights_fingerprint']}, found {found}; refusing to compare against the wrong oracle"
-        )
     return model
 
 

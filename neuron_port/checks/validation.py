@@ -22,7 +22,7 @@ from torch import nn
 
 from neuron_port.artifacts.manifest import verify
 from neuron_port.checks.oracle import first_divergence, reference_generate
-from neuron_port.checks.reference import reference_model
+from neuron_port.checks.reference import reference_model, unquantized_reference_model
 from neuron_port.errors import ArtifactError
 from neuron_port.families import family_for
 from neuron_port.generation.generate import generate
@@ -74,6 +74,7 @@ def artifact_self_checks(directory: str | Path, manifest: dict[str, Any], refere
     from neuron_port.checks.check import Check
     from neuron_port.checks.selfcheck import (
         check_embeddings,
+        check_quant_drift,
         check_step_logits,
         logit_tolerance_for,
         result_fields,
@@ -88,7 +89,16 @@ def artifact_self_checks(directory: str | Path, manifest: dict[str, Any], refere
     config = load_config(Path(directory) / "config.json")
     checks = [check_embeddings(reference, load_host_embeddings(directory, config)),
               Check("attention", "skip", "compiled graphs run no Python: the attention check runs on a model"), logits]
-    return {**out, **result_fields(checks, report), "tokens_must_match": tokens_must_match(manifest["backend"], dtype)}
+    quant = manifest["source"].get("quant", "none")
+    drift = {}
+    if quant != "none":  # what the quantization costs: the same steps against the float32 model it came from
+        check, drift = check_quant_drift(unquantized_reference_model(manifest), prompt, out["tokens"], step_logits, quant,
+                                         judged=manifest["source"].get("kind") == "dir")
+        checks.append(check)
+    fields = result_fields(checks, report)
+    if drift:
+        fields["quant_check"] = drift
+    return {**out, **fields, "tokens_must_match": tokens_must_match(manifest["backend"], dtype)}
 
 
 def check_artifact(directory: str | Path, prompt_len: int = 24, max_new_tokens: int = 32,

@@ -1,11 +1,13 @@
-"""Small values every family adapter shares: projection roles, fused-weight views, special ids,
-and the sizes of the tiny variants."""
+"""Small values every family adapter shares: projection roles, fused-weight views (and the module
+that computes a fused projection from its roles' own layers), special ids, and the sizes of the tiny
+variants."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 ATTENTION_ROLES = ("q", "k", "v", "o")
 MLP_ROLES = ("gate", "up", "down")
@@ -39,6 +41,25 @@ class RoleView:
         return self.weight.shape[1]
 
 
+class RoleConcat(nn.Module):
+    """A fused projection computed from one layer per role: ``forward(x) = cat([role(x) ...], -1)``.
+
+    x: [..., in] -> [..., sum of the roles' out]. Where a fused module (Phi-3's ``qkv_proj``) must be
+    built from layers that cannot be concatenated into one weight (neuronx-distributed's parallel
+    layers, which hold this rank's rows and load their own shards), each role keeps its layer,
+    named by the role (``qkv_proj.q``, ``qkv_proj.k``, ...), and the outputs are concatenated in the
+    fused row order, which is what the model's forward splits."""
+
+    def __init__(self, roles: dict[str, nn.Module]):
+        super().__init__()
+        self.roles = tuple(roles)
+        for role, module in roles.items():
+            self.add_module(role, module)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([getattr(self, role)(x) for role in self.roles], dim=-1)
+
+
 @dataclass(frozen=True)
 class SpecialIds:
     """Token ids the runtime needs: ``bos`` (None when the family adds none) and every ``eos``."""
@@ -48,5 +69,5 @@ class SpecialIds:
     pad: int | None
 
 
-__all__ = ["ATTENTION_ROLES", "MLP_ROLES", "RoleView", "SpecialIds", "TINY_INITIALIZER_RANGE", "TINY_VOCAB",
+__all__ = ["ATTENTION_ROLES", "MLP_ROLES", "RoleView", "RoleConcat", "SpecialIds", "TINY_INITIALIZER_RANGE", "TINY_VOCAB",
            "TINY_HIDDEN", "TINY_HEAD_DIM", "TINY_INTERMEDIATE", "TINY_PER_LAYER_INPUT", "TINY_SPECIAL_IDS"]

@@ -23,10 +23,15 @@ from torch import nn
 from neuron_port.errors import AdapterError
 from neuron_port.families.decoder import DecoderFamily
 from neuron_port.families.mistral import MistralFamily
-from neuron_port.families.parts import RoleView
+from neuron_port.families.parts import RoleConcat, RoleView
 
 
-def _fused(modules: list[nn.Module]) -> nn.Linear:
+def _fused(roles: dict[str, nn.Module]) -> nn.Module:
+    """One module computing ``roles`` (in order) fused: a plain ``nn.Linear`` of their stacked rows, or,
+    where any role is another kind of layer (neuronx-distributed's parallel layers), a :class:`RoleConcat`."""
+    modules = list(roles.values())
+    if any(type(m) is not nn.Linear for m in modules):
+        return RoleConcat(roles)
     weight = torch.cat([m.weight for m in modules], dim=0)
     biases = [m.bias for m in modules]
     fused = nn.Linear(weight.shape[1], weight.shape[0], bias=biases[0] is not None, dtype=weight.dtype)
@@ -84,7 +89,7 @@ class Phi3Family(DecoderFamily):
     def set_attention_projections(self, attn: nn.Module, modules: dict[str, nn.Module]) -> None:
         """Re-fuse a rank's q, k, v into ``qkv_proj`` (q rows, then k, then v) and give the module
         a config copy with the rank's head counts (its forward splits the fused output by them)."""
-        attn.qkv_proj = _fused([modules["q"], modules["k"], modules["v"]])
+        attn.qkv_proj = _fused({role: modules[role] for role in ("q", "k", "v")})
         attn.o_proj = modules["o"]
         q_heads = modules["q"].weight.shape[0] // attn.head_dim
         kv_heads = modules["k"].weight.shape[0] // attn.head_dim
@@ -102,7 +107,7 @@ class Phi3Family(DecoderFamily):
 
     def set_mlp_projections(self, mlp: nn.Module, modules: dict[str, nn.Module]) -> None:
         """Re-fuse a rank's gate and up into ``gate_up_proj`` (gate rows first: its forward chunks in two)."""
-        mlp.gate_up_proj = _fused([modules["gate"], modules["up"]])
+        mlp.gate_up_proj = _fused({role: modules[role] for role in ("gate", "up")})
         mlp.down_proj = modules["down"]
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> str:

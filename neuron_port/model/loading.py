@@ -88,15 +88,26 @@ def build_model(config: Any, seed: int = 0, dtype: torch.dtype = torch.float32) 
     """A CausalLM with random weights drawn from ``seed``.
 
     Per-layer buffers the family declares (Gemma-4's per-layer scalars) get seeded non-default
-    values so that a parameter-only load (which resets them) visibly changes the output.
+    values so that a parameter-only load (which resets them) visibly changes the output, and so do
+    the projections' biases (Qwen2's q/k/v), which Hugging Face initialises to zero: a port that
+    dropped or misplaced a zero bias would compute the same logits.
     """
     family = family_for(config.model_type)
     force_eager(config)
     torch.manual_seed(seed)
     model = family.causal_lm_class(config.model_type)(config)
     family.seed_layer_buffers(model, torch.Generator().manual_seed(seed + 1))
+    _seed_biases(model, float(getattr(config, "initializer_range", 0.02)), torch.Generator().manual_seed(seed + 2))
     # Drawn in float32 whatever ``dtype`` is, so a bf16 model is exactly the cast of the float32 one.
     return cast_weights(model, dtype).eval()
+
+
+@torch.no_grad()
+def _seed_biases(model: nn.Module, std: float, generator: torch.Generator) -> None:
+    """Every linear layer's bias drawn from N(0, std), in module order (the weights' own spread)."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            module.bias.copy_(torch.randn(module.bias.shape, generator=generator) * std)
 
 
 def model_from_name(name: str, tiny: bool = False, seed: int = 0, dtype: torch.dtype = torch.float32,

@@ -8,8 +8,9 @@ import torch
 from neuron_port import describe, load_config
 from neuron_port.artifacts.writer import write_artifact
 from neuron_port.backends.neuron import NeuronBackend, compiler_args
-from neuron_port.backends.nxd import KVResident, alias_map, rank_checkpoints
+from neuron_port.backends.nxd import KVResident, alias_map
 from neuron_port.backends.nxd_artifact import NxdBackend
+from neuron_port.backends.nxd_checkpoint import rank_checkpoints
 from neuron_port.errors import ArtifactError
 from neuron_port.generation.generate import generate
 from neuron_port.generation.request import GenerationRequest
@@ -105,7 +106,7 @@ def test_a_neuron_artifact_of_the_tiny_e2b_generates(tiny_e2b, tmp_path):
 
 def test_nxd_checkpoint_column_split_gives_each_rank_its_planned_kv_heads():
     """NxD splits columns evenly; the expanded K/V rows make that split equal the library's plan."""
-    from neuron_port.backends.nxd import nxd_checkpoint
+    from neuron_port.backends.nxd_checkpoint import nxd_checkpoint
     from neuron_port.errors import ShardingError
     from neuron_port.parallel.sharding import expanded_kv_rows, head_rows, plan_attention
 

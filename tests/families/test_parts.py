@@ -4,7 +4,7 @@ the tiny variants' special ids are the demo tokenizer's."""
 import torch
 
 from neuron_port.families import family_for
-from neuron_port.families.parts import ATTENTION_ROLES, MLP_ROLES, TINY_SPECIAL_IDS, TINY_VOCAB, RoleView, SpecialIds
+from neuron_port.families.parts import ATTENTION_ROLES, MLP_ROLES, TINY_SPECIAL_IDS, TINY_VOCAB, RoleConcat, RoleView, SpecialIds
 from neuron_port.model.configs import load_config
 from neuron_port.model.loading import build_model
 
@@ -15,6 +15,25 @@ def test_a_role_view_reads_its_rows_of_a_fused_weight():
     assert (k.out_features, k.in_features) == (2, 4) and torch.equal(k.weight[0], fused[2])
     assert k.weight.data_ptr() == fused[2].data_ptr()  # a view, not a copy
     assert ATTENTION_ROLES == ("q", "k", "v", "o") and MLP_ROLES == ("gate", "up", "down")
+
+
+def test_a_role_concat_computes_the_fused_projection_from_one_layer_per_role():
+    """What a fused module computes, from the layers of its roles (rows in the fused order); a plain fused
+    Linear of the same rows is the reference, and the roles in another order are not."""
+    torch.manual_seed(0)
+    fused = torch.nn.Linear(4, 6)
+    roles = {}
+    for role, (a, z) in {"q": (0, 2), "k": (2, 4), "v": (4, 6)}.items():
+        roles[role] = torch.nn.Linear(4, z - a)
+        roles[role].weight.data.copy_(fused.weight[a:z])
+        roles[role].bias.data.copy_(fused.bias[a:z])
+    x = torch.randn(2, 3, 4)
+    concat = RoleConcat(roles)
+    assert concat.roles == ("q", "k", "v") and concat.k is roles["k"]
+    assert torch.allclose(concat(x), fused(x), atol=1e-6)
+    swapped = RoleConcat({r: roles[r] for r in ("k", "q", "v")})
+    assert not torch.allclose(swapped(x), fused(x), atol=1e-3)
+    assert sorted(concat.state_dict()) == ["k.bias", "k.weight", "q.bias", "q.weight", "v.bias", "v.weight"]
 
 
 def test_phi3s_fused_projections_are_viewed_by_role():

@@ -70,7 +70,7 @@ def _compile_with(plant: str, out: Path, *extra: str):
     import sys
 
     code = ("import sys\n"
-            "import neuron_port.backends.nxd as nxd\n"
+            "import neuron_port.backends.nxd_checkpoint as nxd\n"
             "original = nxd.nxd_checkpoint\n"
             "def planted(model, setup, layer_dtype=None):\n"
             "    state = original(model, setup, layer_dtype)\n"

@@ -7,7 +7,7 @@ Spawned by :mod:`tests.nxd.test_nxd_source` (``tp`` processes). Each rank:
    ``parallel_state.initialize_model_parallel(tp)``;
 2. builds the tiny model with other random weights (seed 1), swaps its projections for NxD's
    ColumnParallelLinear / RowParallelLinear with :func:`neuron_port.backends.nxd.parallelize_for_nxd`;
-3. shards the seed-0 checkpoint with :func:`neuron_port.backends.nxd.nxd_checkpoint` (K/V rows
+3. shards the seed-0 checkpoint with :func:`neuron_port.backends.nxd_checkpoint.nxd_checkpoint` (K/V rows
    expanded by the shard plan, buffers included, no host tables) and NxD's own
    ``get_sharded_checkpoint``, and loads this rank's shard strictly, with the host's tables beside
    it (this check runs the whole Hugging Face forward, embeddings included);
@@ -16,7 +16,7 @@ Spawned by :mod:`tests.nxd.test_nxd_source` (``tp`` processes). Each rank:
 
 With ``resident``, steps 2-4 run on what an nxd artifact's ModelBuilder traces instead: the
 KV-resident prefill module :func:`neuron_port.backends.nxd_artifact.resident_factory` builds,
-sharded from :func:`neuron_port.backends.nxd.traced_checkpoint` (``_run_resident``).
+sharded from :func:`neuron_port.backends.nxd_checkpoint.traced_checkpoint` (``_run_resident``).
 """
 
 from __future__ import annotations
@@ -48,23 +48,25 @@ def _run(rank: int, tp: int, name: str, port: int, expand_kv: bool, resident: bo
         from neuronx_distributed.quantization.quantization_layers import BaseQuantizeParallelLinear
         from neuronx_distributed.trace.trace import get_sharded_checkpoint
 
-        from neuron_port.backends.nxd import host_table_keys, nxd_checkpoint, parallelize_for_nxd
+        from neuron_port.backends.nxd import parallelize_for_nxd
+        from neuron_port.backends.nxd_checkpoint import host_table_keys, nxd_checkpoint
         from neuron_port.checks.reference import reference_for_source
         from neuron_port.model.layout import describe
         from neuron_port.model.loading import checkpoint_state, model_from_name
         from neuron_port.parallel.ranks import RankSetup
 
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
-        source = model_from_name(name, tiny=True, seed=0, quant=quant)
+        tiny = not name.endswith(".json")  # a config.json file: a small model of its own, taken as it is
+        source = model_from_name(name, tiny=tiny, seed=0, quant=quant)
         setup = RankSetup.for_layout(describe(source), tp)
         if resident:
-            return _run_resident(rank, tp, name, source, setup, get_sharded_checkpoint)
+            return _run_resident(rank, tp, name, source, setup, get_sharded_checkpoint, quant)
         checkpoint = nxd_checkpoint(source, setup) if expand_kv else checkpoint_state(source)
         # ModelBuilder builds its layers in NxD's AOT mode, which skips their random initialisation (on
         # the CPU that path cannot initialise a quantized row-parallel weight at tp > 1); as it does:
         parallel_state.set_aot_mode(True)
         try:
-            model = parallelize_for_nxd(model_from_name(name, tiny=True, seed=1, quant=quant), setup)
+            model = parallelize_for_nxd(model_from_name(name, tiny=tiny, seed=1, quant=quant), setup)
         finally:
             parallel_state.set_aot_mode(False)
         get_sharded_checkpoint(checkpoint, model, rank, tp)
@@ -84,7 +86,7 @@ def _run(rank: int, tp: int, name: str, port: int, expand_kv: bool, resident: bo
         layers = [m for m in model.modules() if isinstance(m, kinds)]
         ids = torch.tensor([[2] + list(range(10, 60))])
         # the oracle: Hugging Face's forward of the same seed-0 model, quantized as the library quantizes it
-        reference = reference_for_source(name, tiny=True, seed=0, quant=quant).eval()
+        reference = reference_for_source(name, tiny=tiny, seed=0, quant=quant).eval()
         with torch.no_grad():
             want = reference(ids).logits
             got = model.eval()(ids).logits
@@ -93,22 +95,22 @@ def _run(rank: int, tp: int, name: str, port: int, expand_kv: bool, resident: bo
                "local_q_rows": int(layers[0].weight.shape[0]), "weight_dtypes": sorted({str(m.weight.dtype) for m in layers})}
         if quant != "none":  # and how far both are from the float model (what the quantization costs)
             with torch.no_grad():
-                out["float_max_abs_logit_diff"] = float((got - reference_for_source(name, tiny=True, seed=0)(ids).logits)
+                out["float_max_abs_logit_diff"] = float((got - reference_for_source(name, tiny=tiny, seed=0)(ids).logits)
                                                         .abs().max())
         return out
     finally:
         dist.destroy_process_group()
 
 
-def _run_resident(rank: int, tp: int, name: str, source, setup, get_sharded_checkpoint) -> dict:
+def _run_resident(rank: int, tp: int, name: str, source, setup, get_sharded_checkpoint, quant: str = "none") -> dict:
     """What an nxd artifact's ModelBuilder traces for a prefill key and then a decode key (the modules its
     ``load_module`` builds, with NxD's parallel layers and the rank-local KV store as parameters), given
     this rank's shard of the checkpoint keyed as the traced module names it, by NxD's own sharding; the
     decode module starts from the store the prefill wrote, and writes its new rows by scatter."""
     import torch
 
-    from neuron_port.backends.nxd import traced_checkpoint
     from neuron_port.backends.nxd_artifact import resident_factory
+    from neuron_port.backends.nxd_checkpoint import traced_checkpoint
     from neuron_port.checks.reference import reference_for_source
     from neuron_port.generation.logits import softcap
     from neuron_port.graph.embedding import HostEmbeddings
@@ -116,13 +118,20 @@ def _run_resident(rank: int, tp: int, name: str, source, setup, get_sharded_chec
     from neuron_port.graph.shapes import PortShape
     from neuron_port.model.loading import model_from_name
 
+    tiny = not name.endswith(".json")
     local = PortShape(16, 32).stores(setup.layout, setup.plan.local_kv_heads(rank))
     inputs = HostInputs(setup.layout, local, HostEmbeddings.from_model(source))
     _, store = inputs.example_prefill(16)
     kv = store.tensors()
     def loaded(kind: str, size: int):
-        module = resident_factory(model_from_name(name, tiny=True, seed=1), setup, local, kind, size,
-                                  [t.shape for t in kv], kv[0].dtype)()
+        from neuronx_distributed.parallel_layers import parallel_state
+
+        parallel_state.set_aot_mode(True)  # as ModelBuilder builds them (see _run)
+        try:
+            module = resident_factory(model_from_name(name, tiny=tiny, seed=1, quant=quant), setup, local, kind, size,
+                                      [t.shape for t in kv], kv[0].dtype)()
+        finally:
+            parallel_state.set_aot_mode(False)
         checkpoint = traced_checkpoint(source, setup)
         get_sharded_checkpoint(checkpoint, module, rank, tp)
         missing, unexpected = module.load_state_dict(checkpoint, strict=False)
@@ -139,7 +148,7 @@ def _run_resident(rank: int, tp: int, name: str, source, setup, get_sharded_chec
     step = inputs.prefill(padded, torch.tensor([ids.shape[1]]), 16)
     family = setup.layout.family
     cap = family.softcap(family.text_config_of(source))
-    reference = reference_for_source(name, tiny=True, seed=0).eval()
+    reference = reference_for_source(name, tiny=tiny, seed=0, quant=quant).eval()
     with torch.no_grad():
         out = module(*step)
         got = softcap(out[0][0], cap)

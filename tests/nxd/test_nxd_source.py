@@ -68,7 +68,8 @@ def test_the_vendored_source_is_the_pinned_release():
         assert hashlib.sha256((nxd_stubs.SOURCE / rel).read_bytes()).hexdigest() == digest, rel
 
 
-@pytest.mark.parametrize("name,tp", [("gemma-4-e4b", 2), ("gemma-4-e4b", 4), ("gemma-4-12b", 2), ("gemma-4-12b", 4)])
+@pytest.mark.parametrize("name,tp", [("gemma-4-e4b", 2), ("gemma-4-e4b", 4), ("gemma-4-12b", 2), ("gemma-4-12b", 4),
+                                     ("qwen2", 2)])
 def test_nxd_parallel_layers_match_hugging_face(name, tp):
     results = run_ranks_on_nxd(name, tp)
     for rank, out in enumerate(results):
@@ -81,13 +82,31 @@ def test_nxd_parallel_layers_match_hugging_face(name, tp):
     assert len({round(r["max_abs_logit_diff"], 9) for r in results}) == 1
 
 
-@pytest.mark.parametrize("name,tp", [("gemma-4-e4b", 2), ("gemma-4-12b", 4)])
-def test_the_nxd_artifacts_traced_module_matches_hugging_face(name, tp):
+def _phi3_config(directory: Path) -> str:
+    """A small Phi-3 config.json whose 4 q / 2 kv heads split at tp 2 (the tiny variant's 6 / 3 straddle)."""
+    import json
+
+    from neuron_port.model.configs import config_to_dict, load_config
+
+    raw = config_to_dict(load_config("phi-3", tiny=True))
+    raw.update(num_attention_heads=4, num_key_value_heads=2, hidden_size=64)
+    path = directory / "phi3-4q2kv.json"
+    path.write_text(json.dumps(raw))
+    return str(path)
+
+
+@pytest.mark.parametrize("name,tp,quant", [("gemma-4-e4b", 2, "none"), ("gemma-4-12b", 4, "none"),
+                                           ("gemma-4-12b", 2, "int8+head"), ("qwen2", 2, "none"), ("phi-3", 2, "none")])
+def test_the_nxd_artifacts_traced_module_matches_hugging_face(name, tp, quant, tmp_path):
     """The modules an nxd artifact's ModelBuilder traces for a prefill key and a decode key (NxD's parallel
     layers, the KV store as parameters), given NxD's shard of the checkpoint keyed as that module names
     its weights: the last token's logits match Hugging Face's, the store is written, and a decode step
-    from that store (new rows written by scatter) gives Hugging Face's next logits."""
-    results = run_ranks_on_nxd(name, tp, resident=True)
+    from that store (new rows written by scatter) gives Hugging Face's next logits. Also with NxD's
+    quantized layers and the replicated int8 head (against the library's int8+head model), with Qwen2's
+    biases (column-parallel: split with their rows) and Phi-3's fused projections cut into their roles."""
+    if name == "phi-3":
+        name = _phi3_config(tmp_path)
+    results = run_ranks_on_nxd(name, tp, resident=True, quant=quant)
     for rank, out in enumerate(results):
         assert "error" not in out, f"rank {rank}: {out.get('error')}\n{out.get('trace')}"
         print(f"[nxd resident] {name} tp {tp} rank {rank}: max |logit diff| {out['max_abs_logit_diff']:.3g} "
@@ -99,13 +118,13 @@ def test_the_nxd_artifacts_traced_module_matches_hugging_face(name, tp):
         assert out["decode_max_abs_logit_diff"] <= RELATIVE_TOLERANCE * out["decode_max_abs_logit"], out
 
 
-@pytest.mark.parametrize("name", ["gemma-4-e4b", "gemma-4-12b"])
-def test_nxd_quantized_layers_match_the_librarys_int8_model(name):
+@pytest.mark.parametrize("name,quant", [("gemma-4-e4b", "int8"), ("gemma-4-12b", "int8"), ("gemma-4-12b", "int8+head")])
+def test_nxd_quantized_layers_match_the_librarys_int8_model(name, quant):
     """NxD's own QuantizedColumnParallel / QuantizedRowParallel (per-channel symmetric int8, fp32 scales) at
     tp 2, loaded by NxD's sharding from the library's int8 checkpoint (int8 weights, [out, 1] scales, K/V
     rows and scales expanded by the plan): Hugging Face's forward of the library's int8 model, within the
     float32 bound; and measurably away from the float model (the layers really ran in int8)."""
-    results = run_ranks_on_nxd(name, 2, quant="int8")
+    results = run_ranks_on_nxd(name, 2, quant=quant)
     for rank, out in enumerate(results):
         assert "error" not in out, f"rank {rank}: {out.get('error')}\n{out.get('trace')}"
         assert out["parallel_layers"] > 0 and out["weight_dtypes"] == ["torch.int8"]

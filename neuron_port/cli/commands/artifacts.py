@@ -26,14 +26,6 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     from neuron_port.parallel.ranks import RankSetup
 
     check_backend_tp(args.backend, args.tp)
-    if args.quant != "none" and args.backend != "cpu":
-        from neuron_port.errors import ArtifactError
-        from neuron_port.model.quant import scheme_flags
-
-        raise ArtifactError(f"compile --backend {args.backend} {scheme_flags(args.quant)}: not built yet (neuronx-distributed's "
-                            "quantized layers carry the library's int8 checkpoint, checked against its own code in "
-                            "tests/nxd, but the artifact's ModelBuilder trace of them is not). Use --backend cpu, or "
-                            "'port --backend xla --quant int8' to see the lowering")
     require_backend(args.backend)  # before any model is built: one line naming the Neuron packages
     model, source = load_source(args.model, tiny=args.tiny, seed=args.seed, dtype=parse_dtype(args.dtype), quant=args.quant)
     setup = RankSetup.for_layout(describe(model), args.tp)
@@ -60,11 +52,12 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 def _device_bytes(out: Path, model, setup) -> dict:
     """What each NeuronCore's shard holds against the planner's per-core weights (device tensors only)."""
     from neuron_port.backends.nxd_artifact import shard_bytes
-    from neuron_port.parallel.per_core import device_params_per_core
+    from neuron_port.model.quant import quant_of
+    from neuron_port.parallel.per_core import core_params
 
     shards = shard_bytes(out / "rank0")
-    itemsize = next(model.parameters()).element_size()
-    planned = device_params_per_core(setup.layout, model.config, setup.tp) * itemsize
+    itemsize = next(p for p in model.parameters() if p.is_floating_point()).element_size()
+    planned = core_params(setup.layout, model.config, setup.tp).weight_bytes(itemsize, quant_of(model))
     return {"shard_bytes_per_core": shards, "plan_weight_bytes_per_core": planned,
             "shard_to_plan": round(max(shards) / planned, 4)}
 

@@ -77,6 +77,16 @@ def _weight_groups(named: dict, skip: list[str]) -> list[list[str]]:
     return [sorted(names) for names in groups.values()]
 
 
+def _lossy_cast(given: torch.dtype, traced: torch.dtype) -> bool:
+    """Whether casting a checkpoint tensor of ``given`` dtype to a parameter of ``traced`` dtype is refused: an
+    integer parameter takes its own dtype only; a float one no narrower float (its precision is gone)."""
+    if given == traced:
+        return False
+    if not traced.is_floating_point or not given.is_floating_point:
+        return True
+    return torch.finfo(given).bits < torch.finfo(traced).bits
+
+
 class StandInNxDModel(nn.Module):
     def __init__(self, models: dict[str, nn.Module], routes: dict[str, str], weight_names: list[str],
                  weight_dtypes: list[torch.Tensor], state_template: list[torch.Tensor], private_state: bool):
@@ -192,7 +202,13 @@ class ModelBuilder:
         if unknown:
             raise KeyError(f"the checkpoint holds {len(unknown)} tensors the traced module does not have, "
                            f"e.g. {unknown[:3]}")
-        # as cast_weights: parameters are cast to the module's dtypes, buffers kept as given
+        # as cast_weights: parameters are cast to the module's dtypes, buffers kept as given; but no cast that
+        # changes a value: an int8 weight handed over in another dtype would be truncated, and an fp32 parameter
+        # (a quantized layer's scale) handed over narrower has already lost its precision
+        for k, v in checkpoint.items():
+            if k in self.parameter_names and _lossy_cast(v.dtype, self.dtypes[k]):
+                raise TypeError(f"the checkpoint's {k} is {v.dtype}; the traced module's parameter is {self.dtypes[k]}, "
+                                "and casting it there would change its values")
         kept = {k: (v.to(self.dtypes[k]) if k in self.parameter_names else v) for k, v in checkpoint.items()}
         if serialize_path is not None:  # safetensors refuses two names sharing memory, as in NxD
             Path(serialize_path).mkdir(parents=True, exist_ok=True)
