@@ -30,7 +30,6 @@ from neuron_port.artifacts.manifest import (
     write_manifest,
 )
 from neuron_port.backends import check_backend_tp, get_backend, require_backend
-from neuron_port.backends.base import check_single_kv_length
 from neuron_port.backends.nxd_artifact import write_nxd_rank
 from neuron_port.backends.weight_pool import HOST_PREFIX
 from neuron_port.families import DecoderFamily, adapter_source
@@ -118,10 +117,6 @@ def write_artifact(
         )
     check_backend_tp(backend, setup.tp)
     require_backend(backend)  # fail fast (missing SDK) before any work
-    try:
-        check_single_kv_length(shape.kv_lens, backend)
-    except ValueError as exc:
-        raise ArtifactError(str(exc)) from None
     get_backend(backend)
     check_setup_matches(setup, model)
     with atomic_directory(out_dir) as tmp:

@@ -38,8 +38,9 @@ from torch import nn
 
 from neuron_port.backends.nxd_checkpoint import device_head
 from neuron_port.backends.sdk import require_backend
-from neuron_port.errors import ShardingError
+from neuron_port.errors import NeuronPortError, ShardingError
 from neuron_port.families import family_of
+from neuron_port.graph.step import INPUT_NAMES
 from neuron_port.model.quant import quant_of
 from neuron_port.parallel.launch import CHILD_ENV, is_tp_child
 from neuron_port.parallel.ranks import RankSetup
@@ -208,16 +209,31 @@ def graph_instance(make_resident: Callable[[], KVResident]) -> Any:
 class ResidentKVRunner:
     """A step of an NxD executor as the port calls runners: ``runner(*inputs, *kv)``.
 
-    The executor takes the non-KV inputs only; the aliased KV store lives on the device and NxD's
+    The executor's ``nxd_model`` takes the non-KV inputs only (a list; it routes them to a key by their
+    shapes); the aliased KV store lives on the device and NxD's
     packer drops aliased outputs, so the executor returns the logits and the host store handed
-    in is returned unchanged (it is a placeholder of the right shapes)."""
+    in is returned unchanged (it is a placeholder of the right shapes). A decode graph keyed by its
+    KV length (``slot_ids``: that length) gets its ``slot_ids`` row appended, and a step whose rows
+    hold more positions than it reads is refused: the graph would attend over a prefix that misses
+    them, and write the new row nowhere."""
 
-    def __init__(self, executor: Any, n_inputs: int):
+    def __init__(self, executor: Any, n_inputs: int, slot_ids: int | None = None):
         self.executor = executor
         self.n_inputs = n_inputs
+        self.kv_len = slot_ids
+        self.slot_ids = None if slot_ids is None else torch.arange(int(slot_ids), dtype=torch.long)
 
     def __call__(self, *args: torch.Tensor):
-        out = self.executor(*args[: self.n_inputs])
+        inputs = list(args[: self.n_inputs])
+        if self.slot_ids is not None:
+            held = int(inputs[INPUT_NAMES.index("lengths")].max())  # positions each row holds once written
+            if held > self.kv_len:
+                raise NeuronPortError(f"a decode step of {held} positions on the graph that reads {self.kv_len}: "
+                                      "pick the smallest KV length that holds the context")
+            inputs.append(self.slot_ids)
+        # NxDModelExecutor.forward(*inputs) is ``nxd_model(list(inputs))`` traced at the first key's input count
+        # (ModelBuilder.trace): keys of other arities (a decode key's slot_ids) are called on nxd_model itself
+        out = self.executor.nxd_model(inputs)
         logits = out[0] if isinstance(out, (list, tuple)) else out
         return (logits, *args[self.n_inputs :])
 

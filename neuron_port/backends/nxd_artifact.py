@@ -3,11 +3,18 @@
 One host process drives every NeuronCore: NxD's executor holds all ``tp`` ranks, routes each call
 to the graph whose example inputs had the same shapes, and keeps the KV store on the device as
 its state, one state shared by every graph. So an nxd artifact has a single host rank
-(``rank0/``) whatever its tp, and one KV length::
+(``rank0/``) whatever its tp, and one store, allocated once at the largest KV length::
 
     rank0/model.pt                                    the executor (torch.jit.save of ModelBuilder.trace)
     rank0/weights/tp{r}_sharded_checkpoint.safetensors one shard per NeuronCore (ModelBuilder.shard_checkpoint)
-    rank0/nxd_graphs.json                             the ModelBuilder key and input count of every graph file
+    rank0/nxd_graphs.json                             every graph file's ModelBuilder key, input count and (decode)
+                                                      KV length; the store's bytes per core
+
+Decode by length: a decode graph per KV length of the artifact, each reading a static prefix of that
+one store (:class:`~neuron_port.graph.graphs.DecodeGraph` over ``store=``) and keyed by a ``slot_ids
+[kv_len]`` input, so the executor tells them apart by shape (NxD Inference keys its token-generation
+buckets by an input shaped by the KV length in the same way). The host picks the smallest length that
+holds the context, and moving to the next length copies nothing on the device.
 
 The host side keeps running the library's step loop unchanged: a :class:`ResidentKVRunner` takes
 the step inputs and a host placeholder of the store (returned untouched; the real store is on the
@@ -25,7 +32,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from neuron_port.backends.base import check_single_kv_length
 from neuron_port.backends.nxd import (
     KVResident,
     ResidentKVRunner,
@@ -55,21 +61,33 @@ def resident_factory(model: nn.Module, setup: RankSetup, stores: StoreShapes, ki
                       kv_shapes: list[torch.Size], kv_dtype: torch.dtype) -> Callable[[], KVResident]:
     """What ModelBuilder's ``load_module`` calls under NxD's parallel state: a :func:`device_copy` of
     ``model`` (no host tables, its own head, the original's tensors shared) with the plan's parallel
-    layers, its ``kind`` graph of ``size``, the rank-local KV store as parameters. A decode graph
-    writes its new rows only (:func:`~neuron_port.graph.kv.row_write`: a scatter along the sequence
-    into the aliased store, NxD Inference's own decode write) instead of blending the whole store."""
-    dtype = next(model.parameters()).dtype
+    layers, its ``kind`` graph of ``size``, the rank-local KV store as parameters: one store for every
+    graph, at the largest KV length (``stores.largest``, ``kv_shapes`` its tensors' shapes).
+
+    A prefill writes its prompt's rows into that store by position. A decode graph of KV length
+    ``size`` takes ``slot_ids [size]`` after its step inputs (what keys it by length: NxD's executor
+    routes a call by its input shapes), attends over the first slots of each owner that a store of
+    ``size`` has (a static prefix), and writes its new rows only, into the whole buffer
+    (:func:`~neuron_port.graph.kv.row_write`: a scatter along the sequence into the aliased store, NxD
+    Inference's own decode write)."""
+    dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
 
     def make() -> KVResident:
         shard = parallelize_for_nxd(device_copy(model), setup, dtype)
         if kind == "prefill":
-            graph: nn.Module = PrefillGraph(shard, stores.specs[stores.prefill_kv[size]], size)
+            graph: nn.Module = PrefillGraph(shard, stores.largest, size)
         else:
-            graph = DecodeGraph(shard, stores.specs[size])
+            graph = DecodeGraph(shard, stores.specs[size], store=stores.largest)
             graph.row_kv_writes = ROW_KV_WRITES
+            graph.slot_input = True
         return KVResident(graph, kv_shapes, kv_dtype)
 
     return make
+
+
+def slot_ids(kv_len: int) -> torch.Tensor:
+    """``[kv_len]`` int64: the position each full slot of a decode graph's prefix holds (its routing input)."""
+    return torch.arange(kv_len, dtype=torch.long)
 
 
 def write_nxd_rank(rank_dir: Path, model: nn.Module, setup: RankSetup, shape: PortShape, batch: int,
@@ -79,22 +97,28 @@ def write_nxd_rank(rank_dir: Path, model: nn.Module, setup: RankSetup, shape: Po
 
     Returns what the manifest records of the host rank: the KV layout of its host-side placeholder
     store (the whole model's, as a tp 1 rank sees it) and the facts of its runners."""
-    check_single_kv_length(shape.kv_lens, "nxd")
     check_nxd_supported(model, setup)
     local = shape.stores(setup.layout, setup.plan.local_kv_heads(0))  # every rank's store (uniform plans only)
     inputs = HostInputs(setup.layout, local, HostEmbeddings.from_model(model))
+    state = inputs.new_store(batch, local.kv_len).tensors()  # the one store every graph aliases
+    kv_shapes, kv_dtype = [t.shape for t in state], state[0].dtype
     graphs, keys = {}, {}
     jobs = [("prefill", b) for b in local.buckets] + [("decode", kv) for kv in local.kv_lens]
     for kind, size in jobs:
-        step, store = inputs.example_prefill(size, batch) if kind == "prefill" else inputs.example_decode(size, batch)
-        kv = store.tensors()
         key = runner_file(kind, size).removesuffix(".pt")
-        graphs[key] = (resident_factory(model, setup, local, kind, size, [t.shape for t in kv], kv[0].dtype), list(step))
-        keys[runner_file(kind, size)] = {"key": key, "inputs": len(step)}
+        if kind == "prefill":
+            step = list(inputs.example_prefill(size, batch)[0])
+            keys[runner_file(kind, size)] = {"key": key, "inputs": len(step)}
+        else:
+            step = [*inputs.example_decode(size, batch)[0], slot_ids(size)]
+            keys[runner_file(kind, size)] = {"key": key, "inputs": len(step) - 1, "slot_ids": size}
+        graphs[key] = (resident_factory(model, setup, local, kind, size, kv_shapes, kv_dtype), step)
     rank_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="neuron-port-nxd-") as workdir:
         build(graphs, lambda: traced_checkpoint(model, setup), setup.tp, rank_dir, compiler_args, compiler_workdir=workdir)
-    (rank_dir / GRAPHS_FILE).write_text(json.dumps({"tp": setup.tp, "graphs": keys}, indent=2))
+    state_bytes = sum(t.numel() * t.element_size() for t in state)
+    (rank_dir / GRAPHS_FILE).write_text(json.dumps({"tp": setup.tp, "graphs": keys, "kv_state_bytes_per_core": state_bytes},
+                                                   indent=2))
     host = shape.stores(setup.layout)
     return {"kv_layout": host.kv_layout(), "runners": {"inplace_kv_writes": False, "row_kv_writes": ROW_KV_WRITES}}
 
@@ -108,6 +132,11 @@ def shard_bytes(rank_dir: Path) -> list[int]:
         entries, _ = read_header(Path(rank_dir) / "weights" / f"tp{r}_sharded_checkpoint.safetensors")
         out.append(sum(entry["data_offsets"][1] - entry["data_offsets"][0] for entry in entries.values()))
     return out
+
+
+def kv_state_bytes(rank_dir: Path) -> int:
+    """Bytes of the one KV store each core holds (the state every graph aliases), as the build recorded it."""
+    return int(json.loads((Path(rank_dir) / GRAPHS_FILE).read_text())["kv_state_bytes_per_core"])
 
 
 class NxdBackend:
@@ -132,7 +161,9 @@ class NxdBackend:
         if missing:
             raise NeuronPortError(f"{rank_dir / GRAPHS_FILE}: expected graphs {files}, found {sorted(recorded['graphs'])}")
         executor = load(Path(rank_dir), int(recorded["tp"]))
-        return {f: ResidentKVRunner(executor, int(recorded["graphs"][f]["inputs"])) for f in files}
+        return {f: ResidentKVRunner(executor, int(recorded["graphs"][f]["inputs"]), recorded["graphs"][f].get("slot_ids"))
+                for f in files}
 
 
-__all__ = ["GRAPHS_FILE", "ROW_KV_WRITES", "resident_factory", "write_nxd_rank", "shard_bytes", "NxdBackend"]
+__all__ = ["GRAPHS_FILE", "ROW_KV_WRITES", "resident_factory", "slot_ids", "write_nxd_rank", "shard_bytes", "kv_state_bytes",
+           "NxdBackend"]

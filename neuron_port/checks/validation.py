@@ -53,6 +53,7 @@ def artifact_run_report(directory: str | Path, manifest: dict[str, Any], prompt:
         "finish_reason": result.finish_reasons[0],
         "prefill_s": round(result.prefill_s, 6),
         "decode_tok_per_s": result.decode_tok_per_s,
+        "step_kv_lens": result.step_kv_lens,
     }
 
 

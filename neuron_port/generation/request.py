@@ -99,7 +99,9 @@ class GenerationResult:
     Per row (``[batch]``): ``tokens`` generated, ``texts`` they released (empty without a
     tokenizer), ``finish_reasons`` (``stop``, ``length``, ``cancelled``; None while running).
     ``step_logits``: rank 0's raw logits of every step, [batch, vocab] each, when the request kept
-    them. ``per_rank_kv_cache_bytes``: each rank's store at its largest KV length;
+    them; ``step_kv_lens``: the KV length of the graph each decode step ran (the smallest that
+    held every live row: a short context reads a short store). ``per_rank_kv_cache_bytes``: each
+    rank's store at its largest KV length;
     ``kv_cache_bytes_per_layer``: rank 0's, by owner layer; ``rank_disagreement``: some rank
     produced other tokens than rank 0 (a broken collective); ``lowering``: the XLA backend's report
     of its graphs when the source was lowered through torch-xla."""
@@ -113,6 +115,7 @@ class GenerationResult:
     host_s: float = 0.0
     graph_s: float = 0.0
     kv_len: int = 0
+    step_kv_lens: list[int] = field(default_factory=list)  # the KV length each decode step's graph read
     step_logits: list[torch.Tensor] = field(default_factory=list)
     per_rank_kv_cache_bytes: list[int] = field(default_factory=list)
     kv_cache_bytes_per_layer: dict[str, int] = field(default_factory=dict)

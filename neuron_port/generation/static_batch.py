@@ -146,6 +146,7 @@ def _steps(port: Port, request: GenerationRequest, tokenizer: Any, pad_id: int, 
         inputs = port.inputs.decode(next_tok, torch.clamp(positions, max=kv - 1), kv)
         step_host = time.perf_counter() - h0
         logits, store, step_graph = _timed_step(port.runners.decode[kv], inputs, store)
+        result.step_kv_lens.append(kv)
         result.graph_s += step_graph
         positions = positions + 1
         result.decode_steps += 1

@@ -32,7 +32,7 @@ from torch import nn
 
 from neuron_port.families import family_of
 from neuron_port.graph import attention, masks
-from neuron_port.graph.kv import KVStoreSpec, onehot_write, prefill_write, row_write, scatter_write_
+from neuron_port.graph.kv import KVStoreSpec, onehot_write, prefill_write, prefix_slots, row_write, scatter_write_
 from neuron_port.graph.shapes import StoreShapes
 from neuron_port.graph.step import kv_aliases
 from neuron_port.model.quant import Int8Linear
@@ -51,8 +51,11 @@ class OneHotCache:
 
     def __init__(self, spec: KVStoreSpec, kv: tuple[torch.Tensor, ...], writes: dict[str, torch.Tensor] | None,
                  prefill: bool, inplace: bool = False, rows: bool = False, positions: torch.Tensor | None = None,
-                 lengths: torch.Tensor | None = None):
+                 lengths: torch.Tensor | None = None, read_slots: list[int] | None = None):
         n = len(spec.slots)
+        # decode on a prefix of a larger store: each owner's new row goes into the whole buffer (a
+        # row write), attention reads its first read_slots[j] slots; None: the buffers are the store read
+        self.read_slots = read_slots
         self.index = {slot.layer: j for j, slot in enumerate(spec.slots)}
         self.kinds = {slot.layer: slot.attention for slot in spec.slots}
         self.rings = {slot.layer: slot.slots if slot.ring else None for slot in spec.slots}
@@ -79,7 +82,10 @@ class OneHotCache:
         store = scatter_write_ if self.inplace else row_write if self.rows else onehot_write
         self.keys[j] = store(self.keys[j], key_states, write)
         self.values[j] = store(self.values[j], value_states, write)
-        return self.keys[j], self.values[j]
+        if self.read_slots is None:
+            return self.keys[j], self.values[j]
+        width = self.read_slots[j]
+        return self.keys[j][:, :, :width], self.values[j][:, :, :width]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
@@ -99,8 +105,17 @@ class StaticLMGraph(nn.Module):
     """
 
     def __init__(self, model: nn.Module, spec: KVStoreSpec, prefill: bool, seq: int,
-                 kv_expand: Mapping[int, torch.Tensor] | None = None):
+                 kv_expand: Mapping[int, torch.Tensor] | None = None, store: KVStoreSpec | None = None):
         super().__init__()
+        # The store the graph is handed and returns: ``spec``'s own, or (decode) a larger one of which
+        # ``spec``'s is a prefix (decode by length over one device-resident store; see :class:`DecodeGraph`).
+        self.store = spec if store is None else store
+        self.read_slots = None if store is None or store is spec else prefix_slots(store, spec)
+        if self.read_slots is not None and prefill:
+            raise ValueError("a prefill writes into the store it is handed: build it over that store's spec")
+        # Decode graphs keyed by their KV length take ``slot_ids [kv_len]`` after the step inputs (the
+        # position each full slot holds): set by backends whose executor routes a call by its input shapes.
+        self.slot_input = False
         self.family = family_of(model)
         self.family.use_attention(model, attention.register())
         for module in model.modules():
@@ -129,7 +144,8 @@ class StaticLMGraph(nn.Module):
     @property
     def aliases(self) -> dict[int, int]:
         """Input index -> output index of every KV tensor (for a device-resident store)."""
-        return kv_aliases(2 * len(self.spec.slots))
+        aliases = kv_aliases(2 * len(self.store.slots))
+        return {i + 1: o for i, o in aliases.items()} if self.slot_input else aliases
 
     def _attention_kwargs(self) -> dict[str, dict[nn.Module, torch.Tensor]]:
         if not self._expanded:
@@ -145,10 +161,14 @@ class StaticLMGraph(nn.Module):
         *kv: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         spec = self.spec
-        maps = masks.step_maps(position_ids, lengths, self.prefill, spec.kv_len, spec.window, spec.ring, inputs_embeds.dtype)
+        slot_ids, kv = (kv[0], kv[1:]) if self.slot_input else (None, kv)
+        if self.read_slots is not None and not self.row_kv_writes:
+            raise ValueError("decode on a prefix of a larger store writes its new rows by scatter: set row_kv_writes")
+        maps = masks.step_maps(position_ids, lengths, self.prefill, spec.kv_len, spec.window, spec.ring, inputs_embeds.dtype,
+                               slot_ids)
         writes = None if self.prefill else {"full": maps.write_full, "sliding": maps.write_sliding}
-        cache = OneHotCache(spec, kv, writes, self.prefill, self.inplace_kv_writes, self.row_kv_writes,
-                            position_ids, lengths)
+        cache = OneHotCache(self.store, kv, writes, self.prefill, self.inplace_kv_writes, self.row_kv_writes,
+                            position_ids, lengths, self.read_slots)
         extra = self.family.text_model_extra_inputs(per_layer) if self.has_ple else {}
         out = self.family.text_model(self.model)(
             inputs_embeds=inputs_embeds,
@@ -182,10 +202,16 @@ class PrefillGraph(StaticLMGraph):
 
 
 class DecodeGraph(StaticLMGraph):
-    """Decode of one token per row against the store."""
+    """Decode of one token per row against the store.
 
-    def __init__(self, model: nn.Module, spec: KVStoreSpec, kv_expand: Mapping[int, torch.Tensor] | None = None):
-        super().__init__(model, spec, prefill=False, seq=1, kv_expand=kv_expand)
+    ``store``: a larger store the graph is handed instead of ``spec``'s own (one device-resident store
+    shared by decode graphs of several KV lengths): it writes each new row into the whole buffer (by
+    scatter: set ``row_kv_writes``) and attends over the first ``spec`` slots of each owner
+    (:func:`~neuron_port.graph.kv.prefix_slots`), so a short context reads a short store."""
+
+    def __init__(self, model: nn.Module, spec: KVStoreSpec, kv_expand: Mapping[int, torch.Tensor] | None = None,
+                 store: KVStoreSpec | None = None):
+        super().__init__(model, spec, prefill=False, seq=1, kv_expand=kv_expand, store=store)
 
 
 @dataclass

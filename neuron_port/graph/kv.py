@@ -138,15 +138,8 @@ class KVStore:
         the views reads and writes this store's rows (write its answer back with
         :meth:`write_prefix`), so decode buckets by length share one store.
         """
-        if spec.owners != self.spec.owners:
-            raise ValueError(f"a prefix has this store's owners {self.spec.owners}, found {spec.owners}")
-        views = []
-        for tensor, (mine, theirs) in zip(self.tensors(), [*zip(self.spec.slots, spec.slots, strict=True)] * 2, strict=True):
-            if theirs.slots > mine.slots or (theirs.ring and (not mine.ring or theirs.slots != mine.slots)):
-                raise ValueError(f"layer {mine.layer}: {theirs.slots} slots ({'ring' if theirs.ring else 'full length'}) "
-                                 f"are not a prefix of {mine.slots} ({'ring' if mine.ring else 'full length'})")
-            views.append(tensor[:, :, : theirs.slots])
-        return KVStore.from_tensors(spec, views)
+        widths = prefix_slots(self.spec, spec)
+        return KVStore.from_tensors(spec, [t[:, :, :n] for t, n in zip(self.tensors(), widths * 2, strict=True)])
 
     def write_prefix(self, answer: KVStore) -> None:
         """Copy a step's answer on :meth:`prefix` views back into this store (nothing to copy for a
@@ -158,6 +151,21 @@ class KVStore:
 
     def to(self, device: torch.device | str) -> KVStore:
         return KVStore(self.spec, tuple(k.to(device) for k in self.keys), tuple(v.to(device) for v in self.values))
+
+
+def prefix_slots(store: KVStoreSpec, spec: KVStoreSpec) -> list[int]:
+    """How many leading slots of each owner's buffer in ``store`` make ``spec``'s store, in owner order;
+    a clear error where ``spec`` is not a prefix of ``store`` (see :meth:`KVStore.prefix`: every position a
+    store at ``spec.kv_len`` can hold must sit in the same slot in ``store``)."""
+    if spec.owners != store.owners:
+        raise ValueError(f"a prefix has this store's owners {store.owners}, found {spec.owners}")
+    widths = []
+    for mine, theirs in zip(store.slots, spec.slots, strict=True):
+        if theirs.slots > mine.slots or (theirs.ring and (not mine.ring or theirs.slots != mine.slots)):
+            raise ValueError(f"layer {mine.layer}: {theirs.slots} slots ({'ring' if theirs.ring else 'full length'}) "
+                             f"are not a prefix of {mine.slots} ({'ring' if mine.ring else 'full length'})")
+        widths.append(theirs.slots)
+    return widths
 
 
 def kv_store_spec(
@@ -311,5 +319,5 @@ def grow(
     return out
 
 
-__all__ = ["KVSlotSpec", "KVStoreSpec", "KVStore", "kv_store_spec", "naive_kv_bytes", "onehot_write", "prefill_write",
-           "row_write", "scatter_write_", "grow"]
+__all__ = ["KVSlotSpec", "KVStoreSpec", "KVStore", "prefix_slots", "kv_store_spec", "naive_kv_bytes", "onehot_write",
+           "prefill_write", "row_write", "scatter_write_", "grow"]

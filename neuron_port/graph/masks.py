@@ -85,14 +85,26 @@ def prefill_writes(
     return full.to(dtype), sliding.to(dtype)
 
 
+def _slot_row(positions: torch.Tensor, kv_len: int, slot_ids: torch.Tensor | None) -> torch.Tensor:
+    """[1, kv_len]: the position each full-attention slot holds, from ``slot_ids`` (a graph input) or built here."""
+    if slot_ids is None:
+        return torch.arange(kv_len, device=positions.device)[None, :]
+    if slot_ids.shape != (kv_len,):
+        raise ValueError(f"slot ids are one position per slot of the store read, [{kv_len}]; found {tuple(slot_ids.shape)}")
+    return slot_ids.to(positions.dtype)[None, :]
+
+
 def decode_masks(
-    positions: torch.Tensor, kv_len: int, window: int | None, ring: int | None, dtype: torch.dtype = torch.float32
+    positions: torch.Tensor, kv_len: int, window: int | None, ring: int | None, dtype: torch.dtype = torch.float32,
+    slot_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masks for one new token per row at ``positions`` (after it is written to the store).
 
     positions: [batch] -> (full [batch, 1, 1, kv_len], sliding [batch, 1, 1, ring or kv_len]).
+    ``slot_ids`` [kv_len]: the position each full slot holds (``0..kv_len-1``), given as an input by a
+    graph that is keyed by its KV length (:attr:`~neuron_port.graph.graphs.StaticLMGraph.slot_input`).
     """
-    slots = torch.arange(kv_len, device=positions.device)[None, :]
+    slots = _slot_row(positions, kv_len, slot_ids)
     full = slots <= positions[:, None]
     if window is None:
         sliding = full
@@ -105,10 +117,12 @@ def decode_masks(
 
 
 def decode_writes(
-    positions: torch.Tensor, kv_len: int, ring: int | None, dtype: torch.dtype = torch.float32
+    positions: torch.Tensor, kv_len: int, ring: int | None, dtype: torch.dtype = torch.float32,
+    slot_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One-hot maps that write the new token's K/V: full [batch, 1, kv_len], sliding [batch, 1, ring]."""
-    full = (torch.arange(kv_len, device=positions.device)[None, :] == positions[:, None]).to(dtype)[:, None, :]
+    """One-hot maps that write the new token's K/V: full [batch, 1, kv_len], sliding [batch, 1, ring]
+    (``slot_ids`` as in :func:`decode_masks`)."""
+    full = (_slot_row(positions, kv_len, slot_ids) == positions[:, None]).to(dtype)[:, None, :]
     if ring is None:
         return full, full
     ring_slots = torch.arange(ring, device=positions.device)[None, :]
@@ -134,19 +148,20 @@ class StepMaps(NamedTuple):
 
 def step_maps(
     positions: torch.Tensor, lengths: torch.Tensor, prefill: bool, kv_len: int, window: int | None, ring: int | None,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype = torch.float32, slot_ids: torch.Tensor | None = None,
 ) -> StepMaps:
     """Masks, write maps and the last-token pick of one step from its inputs: ``positions`` [batch,
     seq] (a prefill's ``0..seq-1``, the prompt right-padded to ``seq``) and ``lengths`` [batch], how
     many positions each row holds once the step has written (a prefill: its prompt length; a decode
     step: its new token's position + 1). A prefill writes its rows by position
-    (:func:`neuron_port.graph.kv.prefill_write`), so it builds no write map."""
+    (:func:`neuron_port.graph.kv.prefill_write`), so it builds no write map. ``slot_ids`` [kv_len]: a decode
+    graph's input naming each full slot's position (:func:`decode_masks`); None builds it here."""
     if prefill:
         m_full, m_slide = prefill_masks(positions, window, dtype)
         return StepMaps(m_full, m_slide, None, None, last_token_onehot(positions, lengths, dtype))
     positions = lengths - 1
-    m_full, m_slide = decode_masks(positions, kv_len, window, ring, dtype)
-    w_full, w_slide = decode_writes(positions, kv_len, ring, dtype)
+    m_full, m_slide = decode_masks(positions, kv_len, window, ring, dtype, slot_ids)
+    w_full, w_slide = decode_writes(positions, kv_len, ring, dtype, slot_ids)
     last = torch.ones((lengths.shape[0], 1), dtype=dtype, device=lengths.device)
     return StepMaps(m_full, m_slide, w_full, w_slide, last)
 

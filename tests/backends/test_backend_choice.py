@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from neuron_port.backends import get_backend
-from neuron_port.backends.base import RESIDENT_KV_BACKENDS, check_single_kv_length
 from neuron_port.backends.cpu import CpuBackend
 from neuron_port.errors import BackendUnavailableError
 from neuron_port.graph.port import Port
@@ -28,14 +27,6 @@ def test_the_cpu_modes_say_what_their_graphs_take(tiny_e2b):
     assert isinstance(traced, torch.jit.ScriptModule)
     with pytest.raises(TypeError, match="only compiled"):
         eager.save(graph, None)
-
-
-def test_a_device_resident_store_takes_one_kv_length():
-    assert set(RESIDENT_KV_BACKENDS) == {"neuron", "nxd"}
-    check_single_kv_length([256, 512], "cpu")  # a host store grows between lengths
-    check_single_kv_length([512], "nxd")
-    with pytest.raises(ValueError, match=r"found kv_lens \[256, 512\]: pass one \(e.g. --kv-lens 512\)"):
-        check_single_kv_length([256, 512], "neuron")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not None, reason="torch-xla is installed here")

@@ -23,6 +23,7 @@ import torch
 
 from neuron_port.backends import nxd
 from neuron_port.backends import nxd_checkpoint as ckpt
+from neuron_port.errors import NeuronPortError
 from neuron_port.graph.graphs import DecodeGraph, PrefillGraph
 from neuron_port.graph.kv import KVStore
 from neuron_port.graph.shapes import PortShape
@@ -151,14 +152,21 @@ def test_bf16_needs_a_bf16_module(fake_nxd, tmp_path):
 def test_resident_runner_feeds_inputs_only_and_returns_the_store():
     calls = []
 
-    def executor(*inputs):
-        calls.append(len(inputs))
+    def nxd_model(inputs):
+        calls.append([tuple(t.shape) for t in inputs])
         return [torch.ones(1, 4)]
 
-    runner = nxd.ResidentKVRunner(executor, 8)
+    executor = types.SimpleNamespace(nxd_model=nxd_model)
+    runner = nxd.ResidentKVRunner(executor, 4)
     kv = [torch.zeros(2), torch.zeros(3)]
-    out = runner(*[torch.zeros(1)] * 8, *kv)
-    assert calls == [8] and torch.equal(out[0], torch.ones(1, 4)) and out[1] is kv[0] and out[2] is kv[1]
+    out = runner(*[torch.zeros(1)] * 4, *kv)
+    assert len(calls[0]) == 4 and torch.equal(out[0], torch.ones(1, 4)) and out[1] is kv[0] and out[2] is kv[1]
+    # a decode key of 16 positions: its slot ids appended, and a step holding more positions than it reads refused
+    keyed = nxd.ResidentKVRunner(executor, 4, slot_ids=16)
+    keyed(torch.zeros(1), torch.zeros(1), torch.zeros(1), torch.tensor([16]), *kv)
+    assert calls[-1][-1] == (16,)
+    with pytest.raises(NeuronPortError, match="a decode step of 17 positions on the graph that reads 16"):
+        keyed(torch.zeros(1), torch.zeros(1), torch.zeros(1), torch.tensor([17]), *kv)
 
 
 def test_load_initializes_with_every_ranks_shard(monkeypatch, tmp_path):

@@ -2,13 +2,16 @@
 blend's logits and store, compiling asks each graph for the write its backend keeps, and a prefill
 graph writes exactly the slots its reference map names."""
 
+import pytest
 import torch
 
 from neuron_port.graph.graphs import DecodeGraph
+from neuron_port.graph.kv import KVStore
 from neuron_port.graph.port import Port
 from neuron_port.graph.runners import compile_graphs
 from neuron_port.graph.shapes import PortShape
 from neuron_port.graph.step import run_step
+from neuron_port.model.layout import describe
 
 
 def _decode_inputs(port: Port, kv_len: int, batch: int):
@@ -82,3 +85,50 @@ def test_a_prefill_graph_writes_each_rows_prompt_where_its_map_says_and_nothing_
         changed = (after != before).any(dim=-1).any(dim=1)  # [batch, slots]
         assert torch.equal(changed, written), slot
     assert all(torch.equal(a[2], b[2]) for a, b in zip(filled.tensors(), out.tensors(), strict=True))  # length 0
+
+
+def test_a_decode_graph_on_a_prefix_of_one_larger_store_is_the_graph_of_its_length(tiny_e2b):
+    """Decode by length over one store: the graph of KV length L handed the largest store (and its
+    ``slot_ids``) gives the logits of the graph of L on that store's prefix, writes the same new rows
+    there, and leaves every slot past the prefix as it was; with L at or under the sliding window its
+    sliding owners are full-length while the store's are rings. Slot ids that name other positions
+    change the logits (the input is read, not ignored); a prefix graph that would blend is refused."""
+    window = _window(tiny_e2b)
+    lengths = [window // 2, 2 * window, 8 * window]
+    port = Port.over_model(tiny_e2b, PortShape([window // 2], lengths))
+    largest = port.stores.largest
+    model = port.graphs.decode[lengths[-1]].model
+    for kv_len in lengths:
+        spec = port.stores.specs[kv_len]
+        _, full = _decode_inputs(port, lengths[-1], 2)  # the largest store, with history in it
+        inputs = port.inputs.decode_fresh(torch.tensor([5, 9]), torch.tensor([kv_len - 1, kv_len // 2]), kv_len)
+        prefix_graph = DecodeGraph(model, spec, store=largest)
+        prefix_graph.row_kv_writes, prefix_graph.slot_input = True, True
+        own = DecodeGraph(model, spec)
+        own.row_kv_writes = True
+        with torch.no_grad():
+            got = prefix_graph(*inputs, slot_ids(kv_len), *full.tensors())
+            want_logits, want = run_step(own, inputs, KVStore.from_tensors(spec, [t.clone() for t in full.prefix(spec)]))
+            shifted = prefix_graph(*inputs, slot_ids(kv_len) + 1, *full.tensors())
+        assert torch.allclose(got[0], want_logits, atol=1e-5, rtol=0), kv_len
+        assert not torch.allclose(shifted[0], want_logits, atol=1e-3, rtol=0), kv_len
+        for out, before, new in zip(got[1:], full.tensors(), want.tensors(), strict=True):
+            width = new.shape[2]
+            assert out.shape == before.shape
+            assert torch.equal(out[:, :, :width], new)  # the prefix: the graph of its length's store
+            assert torch.equal(out[:, :, width:], before[:, :, width:])  # past it: untouched
+    blending = DecodeGraph(model, port.stores.specs[lengths[0]], store=largest)
+    blending.slot_input = True
+    inputs, _ = _decode_inputs(port, lengths[0], 1)
+    with pytest.raises(ValueError, match="row_kv_writes"):
+        blending(*inputs, slot_ids(lengths[0]), *port.inputs.new_store(1, lengths[-1]).tensors())
+
+
+def slot_ids(kv_len: int) -> torch.Tensor:
+    return torch.arange(kv_len)
+
+
+def _window(model) -> int:
+    window = describe(model).sliding_window
+    assert window and window >= 4, "the tiny E2B slides over a window of at least 4"
+    return window

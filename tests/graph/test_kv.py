@@ -15,6 +15,7 @@ from neuron_port.graph.kv import (
     KVStoreSpec,
     onehot_write,
     prefill_write,
+    prefix_slots,
     row_write,
     scatter_write_,
 )
@@ -154,3 +155,19 @@ def test_a_prefix_must_be_one():
     other = KVStoreSpec(32, 8, (KVSlotSpec(0, "full", 1, 4, 32, False),))
     with pytest.raises(ValueError, match="owners"):
         store.prefix(other)
+
+
+def test_prefix_slots_are_each_owners_leading_slots_and_a_non_prefix_is_refused(tiny_e2b):
+    """A store at a shorter length is a prefix of the longest one: each owner's full-length buffer cut to
+    the shorter length, a sliding owner's ring kept whole (or, under the window, cut to the shorter length);
+    the other way round is refused, naming the layer."""
+    port = Port.over_model(tiny_e2b, PortShape([4], [4, 16, 64]))
+    specs = port.stores.specs
+    for kv_len in (4, 16, 64):
+        widths = prefix_slots(specs[64], specs[kv_len])
+        assert widths == [slot.slots for slot in specs[kv_len].slots]
+        assert all(w <= big.slots for w, big in zip(widths, specs[64].slots, strict=True))
+    rings = [w for w, slot in zip(prefix_slots(specs[64], specs[16]), specs[16].slots, strict=True) if slot.ring]
+    assert rings and set(rings) == {8}  # the window's ring, whole
+    with pytest.raises(ValueError, match="are not a prefix of"):
+        prefix_slots(specs[16], specs[64])

@@ -1,6 +1,7 @@
 """Prefill masks equal Hugging Face's definition, sliding windows included."""
 
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -45,3 +46,21 @@ def test_step_maps_are_the_builders_maps_made_where_the_inputs_are(batch, layout
     for prefill, seq in ((True, 8), (False, 1)):
         on_meta = masks.step_maps(steps[:, :seq].to("meta"), lengths.to("meta"), prefill, kv_len, window, ring)
         assert all(t.device.type == "meta" for t in on_meta if t is not None)
+
+
+@given(st.integers(1, 24), st.sampled_from([None, 4]), st.sampled_from([None, 4]), st.lists(st.integers(0, 23), min_size=1,
+                                                                                            max_size=3))
+def test_decode_maps_from_given_slot_ids_equal_the_ones_built_in_the_graph(kv_len, window, ring, positions):
+    """A decode graph keyed by its length takes its slots' positions as an input: the same masks and write
+    maps as the ones it builds itself; slot ids of another length are refused."""
+    ring = None if window is None else ring
+    positions = torch.tensor([min(p, kv_len - 1) for p in positions])
+    slots = torch.arange(kv_len)
+    for built, given_ids in zip(masks.decode_masks(positions, kv_len, window, ring),
+                                masks.decode_masks(positions, kv_len, window, ring, slot_ids=slots), strict=True):
+        assert torch.equal(built, given_ids)
+    for built, given_ids in zip(masks.decode_writes(positions, kv_len, ring),
+                                masks.decode_writes(positions, kv_len, ring, slot_ids=slots), strict=True):
+        assert torch.equal(built, given_ids)
+    with pytest.raises(ValueError, match=rf"\[{kv_len}\]; found \({kv_len + 1},\)"):
+        masks.decode_masks(positions, kv_len, window, ring, slot_ids=torch.arange(kv_len + 1))

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,10 +107,17 @@ def test_the_strict_stand_in_casts_parameters_only(tmp_path):
     assert run_cli_process("generate", str(good), "--prompt-len", "4", "--max-new-tokens", "2", env=standin_env()).returncode == 0
 
 
-def _generate(artifact: Path) -> dict:
-    res = run_cli_process("generate", str(artifact), "--prompt-len", "10", "--max-new-tokens", "12", "--check", "--json",
-                          env=standin_env())
+def _generate(artifact: Path, new_tokens: int = 12) -> dict:
+    res = run_cli_process("generate", str(artifact), "--prompt-len", "10", "--max-new-tokens", str(new_tokens), "--check",
+                          "--json", env=standin_env())
     assert res.returncode in (0, 1), res.stderr[-3000:]
+    return json.loads(res.stdout)
+
+
+def _generate_tokens(artifact: Path, new_tokens: int) -> dict:
+    res = run_cli_process("generate", str(artifact), "--prompt-len", "10", "--max-new-tokens", str(new_tokens), "--json",
+                          env=standin_env())
+    assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout)
 
 
@@ -152,12 +161,76 @@ def test_the_check_fails_when_the_graphs_do_not_share_the_store(tmp_path):
     assert checked["logit_check"]["max_relative_error"] > checked["logit_check"]["tolerance"]
 
 
-def test_nxd_artifact_takes_one_kv_length(tmp_path):
-    res = run_cli_process("compile", "gemma-4-e2b", "--tiny", "--backend", "nxd", "--buckets", "8", "--kv-lens", "16,32",
-                          "--out", str(tmp_path / "A"), env=standin_env())
-    assert res.returncode != 0
-    assert "one KV length" in res.stderr and "[16, 32]" in res.stderr
-    assert not (tmp_path / "A").exists()
+LENGTHS = ["--buckets", "8,16", "--kv-lens", "16,32,64"]
+
+# run by a child with the stand-in SDK: the server's slot batch over the artifact, recording the KV length
+# of every decode step (SlotBatch.decode_length), then the tokens
+_SLOT_BATCH = """
+import json, sys
+from neuron_port.artifacts.manifest import verify
+from neuron_port.artifacts.reader import load_rank_port
+from neuron_port.generation.request import GenerationParams
+from neuron_port.checks.validation import artifact_prompt
+from neuron_port.generation.slots import SlotBatch
+directory, n = sys.argv[1], int(sys.argv[2])
+prompt = artifact_prompt(directory, 10, 0)  # generate --prompt-len 10's prompt
+batch = SlotBatch(load_rank_port(directory, verify(directory), 0), 1)
+tokens, lengths = [], []
+events = batch.admit([(prompt, GenerationParams(max_new_tokens=n), "r")])
+while True:
+    tokens += [e.token_id for _, e in events]
+    if not batch.active:
+        break
+    lengths.append(batch.decode_length(batch.active))
+    events = batch.step()
+print(json.dumps({"tokens": tokens, "lengths": lengths}))
+"""
+
+
+def test_decode_by_length_shares_one_store_and_moves_up_without_a_copy(tmp_path):
+    """Three decode keys over ONE aliased store (allocated once, at the largest length): a 10-token prompt
+    decodes on the 16-position key, moves to 32 and then 64 as it grows, and gives the tokens of the
+    single-length artifact and of Hugging Face; the server's slot batch picks the same lengths and tokens.
+    With a store per key (the stand-in made to give each its own) the move to a longer key loses the
+    context, and the check fails."""
+    out = tmp_path / "L3"
+    res = run_cli_process("compile", "gemma-4-e2b", "--tiny", "--backend", "nxd", *LENGTHS, "--out", str(out), "--json",
+                          env=standin_env())
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads(res.stdout)
+    graphs = json.loads((out / "rank0" / "nxd_graphs.json").read_text())["graphs"]
+    assert {f: g.get("slot_ids") for f, g in graphs.items() if f.startswith("decode")} == {
+        "decode_16.pt": 16, "decode_32.pt": 32, "decode_64.pt": 64}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["kv_lens"] == [16, 32, 64]
+    # one store per core, at the largest length: what the planner counts, less than a store per length
+    per_length = manifest["kv_layout"][0]
+    assert summary["kv_state_bytes_per_core"] == summary["plan_kv_bytes_per_core"] > 0
+    assert len(per_length) == 3
+    res = run_cli_process("generate", str(out), "--prompt-len", "10", "--max-new-tokens", "40", "--check", "--json",
+                          env=standin_env())
+    assert res.returncode == 0, res.stderr[-3000:]
+    checked = json.loads(res.stdout)
+    assert checked["seq_match"] is True and checked["self_checks_passed"] is True
+    assert checked["logit_check"]["max_relative_error"] < 1e-4
+    lengths = checked["step_kv_lens"]  # step i decodes position 10 + i, holding 11 + i positions
+    assert lengths == [16] * 6 + [32] * 16 + [64] * 17, lengths
+    single = tmp_path / "L1"
+    assert run_cli_process("compile", "gemma-4-e2b", "--tiny", "--backend", "nxd", "--buckets", "8,16", "--kv-lens", "64",
+                           "--out", str(single), env=standin_env()).returncode == 0
+    alone = _generate_tokens(single, 40)
+    assert alone["tokens"] == checked["tokens"] and set(alone["step_kv_lens"]) == {64}
+    served = subprocess.run([sys.executable, "-c", _SLOT_BATCH, str(out), "40"],
+                            capture_output=True, text=True, env=standin_env(), timeout=600)
+    assert served.returncode == 0, served.stderr[-3000:]
+    slot = json.loads(served.stdout)
+    assert slot["tokens"] == checked["tokens"] and slot["lengths"] == lengths
+
+    private = tmp_path / "P"
+    assert run_cli_process("compile", "gemma-4-e2b", "--tiny", "--backend", "nxd", *LENGTHS, "--out", str(private),
+                           env=standin_env(NEURON_PORT_STANDIN_PRIVATE_STATE="1")).returncode == 0
+    broken = _generate(private, 40)
+    assert broken["self_checks_passed"] is False
 
 
 def test_nxd_artifact_without_the_sdk_is_one_error_line(nxd_artifact):

@@ -109,7 +109,8 @@ def _run_resident(rank: int, tp: int, name: str, source, setup, get_sharded_chec
     decode module starts from the store the prefill wrote, and writes its new rows by scatter."""
     import torch
 
-    from neuron_port.backends.nxd_artifact import resident_factory
+    from neuron_port.backends.nxd_artifact import resident_factory, slot_ids
+    from neuron_port.parallel.per_core import core_params
     from neuron_port.backends.nxd_checkpoint import traced_checkpoint
     from neuron_port.checks.reference import reference_for_source
     from neuron_port.generation.logits import softcap
@@ -119,10 +120,11 @@ def _run_resident(rank: int, tp: int, name: str, source, setup, get_sharded_chec
     from neuron_port.model.loading import model_from_name
 
     tiny = not name.endswith(".json")
-    local = PortShape(16, 32).stores(setup.layout, setup.plan.local_kv_heads(rank))
+    local = PortShape(16, [16, 32]).stores(setup.layout, setup.plan.local_kv_heads(rank))
     inputs = HostInputs(setup.layout, local, HostEmbeddings.from_model(source))
-    _, store = inputs.example_prefill(16)
-    kv = store.tensors()
+    kv = inputs.new_store(1, 32).tensors()  # the one store every key aliases, at the largest length
+    shard_bytes = []
+
     def loaded(kind: str, size: int):
         from neuronx_distributed.parallel_layers import parallel_state
 
@@ -134,6 +136,7 @@ def _run_resident(rank: int, tp: int, name: str, source, setup, get_sharded_chec
             parallel_state.set_aot_mode(False)
         checkpoint = traced_checkpoint(source, setup)
         get_sharded_checkpoint(checkpoint, module, rank, tp)
+        shard_bytes.append(sum(t.numel() * t.element_size() for t in checkpoint.values()))  # this core's shard
         missing, unexpected = module.load_state_dict(checkpoint, strict=False)
         named = module.state_dict(keep_vars=True)
         held = {id(named[n]) for n in checkpoint if n in named}
@@ -153,17 +156,26 @@ def _run_resident(rank: int, tp: int, name: str, source, setup, get_sharded_chec
         out = module(*step)
         got = softcap(out[0][0], cap)
         want = reference(ids).logits[0, -1]
-        # then one decode step on the decode key's module, its store the prefill's: new rows by scatter
-        decode = loaded("decode", 32)
-        for param, written_kv in zip(decode.kv, out[1:], strict=True):
-            param.copy_(written_kv)
-        token = int(want.argmax())
-        decoded = decode(*inputs.decode_fresh(torch.tensor([token]), torch.tensor([ids.shape[1]]), 32))
-        got_next = softcap(decoded[0][0], cap)
-        want_next = reference(torch.cat([ids, torch.tensor([[token]])], dim=1)).logits[0, -1]
+        # then a decode step on the 16-position key (a prefix of the store the prefill wrote), and one on the
+        # 32-position key from the store that step left: new rows by scatter, one store for both
+        short, long = loaded("decode", 16), loaded("decode", 32)
+        state = out[1:]
+        seen, diffs, peaks = ids, [], []
+        for key, size in ((short, 16), (long, 32)):
+            for param, written_kv in zip(key.kv, state, strict=True):
+                param.copy_(written_kv)
+            token = int(reference(seen).logits[0, -1].argmax())
+            decoded = key(*inputs.decode_fresh(torch.tensor([token]), torch.tensor([seen.shape[1]]), size),
+                          slot_ids(size))
+            state = decoded[1:]
+            seen = torch.cat([seen, torch.tensor([[token]])], dim=1)
+            want_next = reference(seen).logits[0, -1]
+            diffs.append(float((softcap(decoded[0][0], cap) - want_next).abs().max()))
+            peaks.append(float(want_next.abs().max()))
     written = sum(float(t.abs().sum()) for t in out[1:])
+    planned = core_params(setup.layout, source.config, tp).weight_bytes(4, quant)
     return {"max_abs_logit_diff": float((got - want).abs().max()), "max_abs_logit": float(want.abs().max()),
             "kv_written": written > 0, "kv_outputs": len(out) - 1,
-            "decode_row_writes": bool(decode.graph.row_kv_writes),
-            "decode_max_abs_logit_diff": float((got_next - want_next).abs().max()),
-            "decode_max_abs_logit": float(want_next.abs().max())}
+            "decode_row_writes": bool(short.graph.row_kv_writes and long.graph.row_kv_writes),
+            "decode_max_abs_logit_diffs": diffs, "decode_max_abs_logits": peaks,
+            "shard_bytes": shard_bytes[0], "plan_weight_bytes": planned}

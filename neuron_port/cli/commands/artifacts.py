@@ -41,7 +41,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     summary["out"] = str(Path(args.out).resolve())
     summary["files"] = len(manifest["files"])
     if args.backend in ("nxd", "neuron"):
-        summary.update(_device_bytes(Path(args.out), model, setup))
+        summary.update(_device_bytes(Path(args.out), model, setup, max(args.kv_lens), args.batch))
     if args.json:
         print_json(summary)
     else:
@@ -49,17 +49,21 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _device_bytes(out: Path, model, setup) -> dict:
-    """What each NeuronCore's shard holds against the planner's per-core weights (device tensors only)."""
-    from neuron_port.backends.nxd_artifact import shard_bytes
+def _device_bytes(out: Path, model, setup, kv_len: int, batch: int) -> dict:
+    """What each NeuronCore's shard holds against the planner's per-core weights (device tensors only),
+    and the one KV store every graph aliases against the planner's per-core KV at the largest length."""
+    from neuron_port.backends.nxd_artifact import kv_state_bytes, shard_bytes
+    from neuron_port.graph.kv import kv_store_spec
     from neuron_port.model.quant import quant_of
-    from neuron_port.parallel.per_core import core_params
+    from neuron_port.parallel.per_core import core_params, rank0_kv_heads
 
     shards = shard_bytes(out / "rank0")
     itemsize = next(p for p in model.parameters() if p.is_floating_point()).element_size()
     planned = core_params(setup.layout, model.config, setup.tp).weight_bytes(itemsize, quant_of(model))
+    kv_plan = kv_store_spec(setup.layout, kv_len, kv_heads=rank0_kv_heads(setup.layout, setup.tp)).total_bytes(batch, itemsize)
     return {"shard_bytes_per_core": shards, "plan_weight_bytes_per_core": planned,
-            "shard_to_plan": round(max(shards) / planned, 4)}
+            "shard_to_plan": round(max(shards) / planned, 4),
+            "kv_state_bytes_per_core": kv_state_bytes(out / "rank0"), "plan_kv_bytes_per_core": kv_plan}
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
