@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from neuron_port.backends import get_backend
+from neuron_port.backends.base import RESIDENT_KV_BACKENDS
 from neuron_port.backends.cpu import CpuBackend
 from neuron_port.errors import BackendUnavailableError
 from neuron_port.graph.port import Port
@@ -27,6 +28,19 @@ def test_the_cpu_modes_say_what_their_graphs_take(tiny_e2b):
     assert isinstance(traced, torch.jit.ScriptModule)
     with pytest.raises(TypeError, match="only compiled"):
         eager.save(graph, None)
+
+
+def test_the_resident_kv_backends_are_the_ones_that_load_every_graph_over_one_store():
+    """neuron and nxd keep the store on the device as one state for every graph: their backends load a
+    rank's graphs together (one executor); the CPU backend loads graph by graph."""
+    from neuron_port.backends import get_backend
+    from neuron_port.backends.neuron import NeuronBackend
+    from neuron_port.backends.nxd_artifact import NxdBackend
+
+    assert set(RESIDENT_KV_BACKENDS) == {"neuron", "nxd"}
+    assert {NeuronBackend.name, NxdBackend.name} == set(RESIDENT_KV_BACKENDS)
+    assert hasattr(NeuronBackend, "load_graphs") and hasattr(NxdBackend, "load_graphs")
+    assert not hasattr(get_backend("cpu"), "load_graphs")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not None, reason="torch-xla is installed here")

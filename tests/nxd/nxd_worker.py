@@ -110,7 +110,6 @@ def _run_resident(rank: int, tp: int, name: str, source, setup, get_sharded_chec
     import torch
 
     from neuron_port.backends.nxd_artifact import resident_factory, slot_ids
-    from neuron_port.parallel.per_core import core_params
     from neuron_port.backends.nxd_checkpoint import traced_checkpoint
     from neuron_port.checks.reference import reference_for_source
     from neuron_port.generation.logits import softcap
@@ -118,6 +117,7 @@ def _run_resident(rank: int, tp: int, name: str, source, setup, get_sharded_chec
     from neuron_port.graph.host_inputs import HostInputs
     from neuron_port.graph.shapes import PortShape
     from neuron_port.model.loading import model_from_name
+    from neuron_port.parallel.per_core import core_params
 
     tiny = not name.endswith(".json")
     local = PortShape(16, [16, 32]).stores(setup.layout, setup.plan.local_kv_heads(rank))
