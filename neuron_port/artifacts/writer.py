@@ -30,6 +30,7 @@ from neuron_port.artifacts.manifest import (
     write_manifest,
 )
 from neuron_port.backends import check_backend_tp, get_backend, require_backend
+from neuron_port.backends.base import RESIDENT_KV_BACKENDS
 from neuron_port.backends.nxd_artifact import write_nxd_rank
 from neuron_port.backends.weight_pool import HOST_PREFIX
 from neuron_port.families import DecoderFamily, adapter_source
@@ -121,7 +122,7 @@ def write_artifact(
     check_setup_matches(setup, model)
     with atomic_directory(out_dir) as tmp:
         config_dict, embeddings = write_host_files(tmp, model, setup.layout.family, source, tokenizer_dir)
-        if backend in ("nxd", "neuron"):  # one ModelBuilder traces every core's graphs from this process
+        if backend in RESIDENT_KV_BACKENDS:  # one ModelBuilder traces every core's graphs from this process
             ranks = [write_nxd_rank(tmp / "rank0", model, setup, shape, batch)]
         else:
             ranks = run_ranks(functools.partial(compile_rank, str(tmp), shape, backend, batch), setup, model, mode="gloo")

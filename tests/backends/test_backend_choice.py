@@ -30,17 +30,17 @@ def test_the_cpu_modes_say_what_their_graphs_take(tiny_e2b):
         eager.save(graph, None)
 
 
-def test_the_resident_kv_backends_are_the_ones_that_load_every_graph_over_one_store():
-    """neuron and nxd keep the store on the device as one state for every graph: their backends load a
-    rank's graphs together (one executor); the CPU backend loads graph by graph."""
-    from neuron_port.backends import get_backend
+def test_the_resident_kv_backends_build_every_graph_at_once():
+    """neuron and nxd keep the store on the device as one state for every graph: ModelBuilder traces all
+    of a rank's graphs together, so compiling one graph at a time is refused by both."""
     from neuron_port.backends.neuron import NeuronBackend
     from neuron_port.backends.nxd_artifact import NxdBackend
+    from neuron_port.errors import NeuronPortError
 
-    assert set(RESIDENT_KV_BACKENDS) == {"neuron", "nxd"}
-    assert {NeuronBackend.name, NxdBackend.name} == set(RESIDENT_KV_BACKENDS)
-    assert hasattr(NeuronBackend, "load_graphs") and hasattr(NxdBackend, "load_graphs")
-    assert not hasattr(get_backend("cpu"), "load_graphs")
+    assert {NeuronBackend.name, NxdBackend.name} == set(RESIDENT_KV_BACKENDS) == {"neuron", "nxd"}
+    for backend in (NeuronBackend(), NxdBackend()):
+        with pytest.raises(NeuronPortError, match="ModelBuilder"):
+            backend.compile(None, [], {})
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not None, reason="torch-xla is installed here")
