@@ -48,8 +48,8 @@ from neuron_port.parallel.ranks import RankSetup
 
 def device_copy(model: nn.Module) -> nn.Module:
     """A copy of ``model`` as a device graph holds it, sharing the original's tensors: the host
-    tables removed (their modules set to None), the LM head a parameter of its own (the same memory
-    as the tied word table, which the device no longer has), and the projections that
+    tables removed (their modules set to None), a float LM head a parameter of its own (the same memory
+    as the tied word table, which the device no longer has; an int8 head keeps its buffers), and the projections that
     :func:`parallelize_for_nxd` replaces left on the meta device (they are never copied). Every
     other parameter and buffer is the original's memory, so tracing many graphs keeps one host
     copy of the weights."""
@@ -83,7 +83,7 @@ def check_nxd_supported(model: nn.Module, setup: RankSetup) -> None:
     """Refuse, before any tracing, a model the nxd layers cannot carry: a plan whose ranks straddle KV
     groups (each rank would need its own gather of K/V heads, which one SPMD graph cannot hold as
     constants). Biased projections are carried (NxD's parallel layers take ``bias=True``), fused ones
-    are cut into their roles (:class:`RoleConcat`), and an int8 LM head stays the library's own
+    are cut into their roles (:class:`~neuron_port.families.parts.RoleConcat`), and an int8 LM head stays the library's own
     replicated :class:`~neuron_port.model.quant.Int8Linear` (see :func:`parallelize_for_nxd`)."""
     family = setup.layout.family
     for spec in setup.layout.layers:
@@ -250,8 +250,9 @@ def build(
 
     ``graphs``: {key: (make_resident, non-KV example inputs)}; every key's KV parameters must have
     the same names and shapes (NxD keeps one state for all keys). ``checkpoint_loader`` returns
-    the full checkpoint keyed as the traced module names it (:func:`traced_checkpoint`); build
-    the modules in the checkpoint's dtype (NxD casts the checkpoint to the module's dtype).
+    the full checkpoint keyed as the traced module names it
+    (:func:`~neuron_port.backends.nxd_checkpoint.traced_checkpoint`); build the modules in the
+    checkpoint's dtype (NxD casts the checkpoint to the module's dtype).
     Writes ``model.pt`` and ``weights/tp{r}_sharded_checkpoint.safetensors``; the compiler works
     in ``compiler_workdir`` (default ``out_dir/compiler``). NxD's executor picks a graph by the
     shapes of its inputs, so two keys with the same input shapes are refused."""

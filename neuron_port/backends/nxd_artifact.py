@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from neuron_port.backends.leading_update import leading_update
 from neuron_port.backends.nxd import (
     KVResident,
     ResidentKVRunner,
@@ -58,13 +59,16 @@ ROW_KV_WRITES = True
 
 
 def resident_factory(model: nn.Module, setup: RankSetup, stores: StoreShapes, kind: str, size: int,
-                      kv_shapes: list[torch.Size], kv_dtype: torch.dtype) -> Callable[[], KVResident]:
+                      kv_shapes: list[torch.Size], kv_dtype: torch.dtype, prefill_update: bool = False
+                      ) -> Callable[[], KVResident]:
     """What ModelBuilder's ``load_module`` calls under NxD's parallel state: a :func:`device_copy` of
     ``model`` (no host tables, its own head, the original's tensors shared) with the plan's parallel
     layers, its ``kind`` graph of ``size``, the rank-local KV store as parameters: one store for every
     graph, at the largest KV length (``stores.largest``, ``kv_shapes`` its tensors' shapes).
 
-    A prefill writes its prompt's rows into that store by position. A decode graph of KV length
+    A prefill writes its prompt's rows into that store by position (``prefill_update``: into a full-length
+    buffer by one dynamic-update-slice on the device, :func:`~neuron_port.backends.leading_update.leading_update`,
+    not yet compiled by neuronx-cc; otherwise ``slice_scatter``). A decode graph of KV length
     ``size`` takes ``slot_ids [size]`` after its step inputs (what keys it by length: NxD's executor
     routes a call by its input shapes), attends over the first slots of each owner that a store of
     ``size`` has (a static prefix), and writes its new rows only, into the whole buffer
@@ -76,6 +80,8 @@ def resident_factory(model: nn.Module, setup: RankSetup, stores: StoreShapes, ki
         shard = parallelize_for_nxd(device_copy(model), setup, dtype)
         if kind == "prefill":
             graph: nn.Module = PrefillGraph(shard, stores.largest, size)
+            if prefill_update:  # one dynamic-update-slice per buffer, as NxD Inference writes it
+                graph.leading_update = leading_update
         else:
             graph = DecodeGraph(shard, stores.specs[size], store=stores.largest)
             graph.row_kv_writes = ROW_KV_WRITES
@@ -91,7 +97,8 @@ def slot_ids(kv_len: int) -> torch.Tensor:
 
 
 def write_nxd_rank(rank_dir: Path, model: nn.Module, setup: RankSetup, shape: PortShape, batch: int,
-                   compiler_args: str = "--model-type=transformer --auto-cast=none") -> dict[str, Any]:
+                   compiler_args: str = "--model-type=transformer --auto-cast=none", prefill_update: bool = False
+                   ) -> dict[str, Any]:
     """Trace every graph of ``shape`` with one ModelBuilder at ``setup.tp`` and save the executor,
     the per-core shards and the key of every graph file into ``rank_dir``. ``model`` is not modified.
 
@@ -112,7 +119,7 @@ def write_nxd_rank(rank_dir: Path, model: nn.Module, setup: RankSetup, shape: Po
         else:
             step = [*inputs.example_decode(size, batch)[0], slot_ids(size)]
             keys[runner_file(kind, size)] = {"key": key, "inputs": len(step) - 1, "slot_ids": size}
-        graphs[key] = (resident_factory(model, setup, local, kind, size, kv_shapes, kv_dtype), step)
+        graphs[key] = (resident_factory(model, setup, local, kind, size, kv_shapes, kv_dtype, prefill_update), step)
     rank_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="neuron-port-nxd-") as workdir:
         build(graphs, lambda: traced_checkpoint(model, setup), setup.tp, rank_dir, compiler_args, compiler_workdir=workdir)
@@ -120,7 +127,10 @@ def write_nxd_rank(rank_dir: Path, model: nn.Module, setup: RankSetup, shape: Po
     (rank_dir / GRAPHS_FILE).write_text(json.dumps({"tp": setup.tp, "graphs": keys, "kv_state_bytes_per_core": state_bytes},
                                                    indent=2))
     host = shape.stores(setup.layout)
-    return {"kv_layout": host.kv_layout(), "runners": {"inplace_kv_writes": False, "row_kv_writes": ROW_KV_WRITES}}
+    return {"kv_layout": host.kv_layout(), "runners": {"inplace_kv_writes": False, "row_kv_writes": ROW_KV_WRITES,
+                                                       "resident_kv": True,
+                                                       "prefill_write": "dynamic-update-slice" if prefill_update
+                                                       else "slice_scatter"}}
 
 
 def shard_bytes(rank_dir: Path) -> list[int]:

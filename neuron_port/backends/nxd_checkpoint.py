@@ -125,8 +125,9 @@ def _rank_state(layer_dtype: torch.dtype | None, rank: Rank) -> dict[str, torch.
     state = checkpoint_state(rank.model, clone=False)
     for name, buf in persistent_buffers(rank.model).items():
         state[name] = buf.detach().clone()
-    if layer_dtype is not None:
-        state = {k: (v.to(layer_dtype) if v.is_floating_point() else v) for k, v in state.items()}
+    if layer_dtype is not None:  # int8 scales stay fp32
+        scales = fp32_keys(rank.model)
+        state = {k: (v.to(layer_dtype) if v.is_floating_point() and k not in scales else v) for k, v in state.items()}
     return state
 
 

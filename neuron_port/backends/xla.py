@@ -42,6 +42,7 @@ from torch import nn
 
 from neuron_port.backends.hlo_cost import CLASSES, decode_cost, traffic
 from neuron_port.backends.hlo_text import HloSummary, summarize
+from neuron_port.backends.leading_update import leading_update
 from neuron_port.errors import BackendUnavailableError, NeuronPortError
 from neuron_port.graph.step import INPUT_NAMES
 
@@ -230,11 +231,15 @@ class XlaBackend:
     inplace_kv_writes = False  # the graph returns the store; it is written back outside it
     inference_mode = False
 
-    def __init__(self, setup=None, row_kv_writes: bool = True):
+    def __init__(self, setup=None, row_kv_writes: bool = True, prefill_update: bool = True):
         """``row_kv_writes``: decode scatters its new rows into the aliased store (graph.kv.row_write); False
-        blends the whole store (what every decode graph did before, kept for the decode_cost benchmark)."""
+        blends the whole store (what every decode graph did before, kept for the decode_cost benchmark).
+        ``prefill_update``: a prefill writes its prompt rows by one dynamic-update-slice
+        (:func:`~neuron_port.backends.leading_update.leading_update`); False lowers ``slice_scatter`` (a
+        select over each buffer), kept to measure the difference."""
         self.setup = setup
         self.row_kv_writes = row_kv_writes
+        self.leading_update = leading_update if prefill_update else None
         self.devices = setup.tp if setup is not None else 1
         self.xla = require_xla()  # before anything is changed: without torch-xla, one line and nothing else
         dump = _prepare_process(self.xla, self.devices)

@@ -18,10 +18,10 @@ from neuron_port.parallel.ranks import RankSetup, run_ranks
 
 
 def xla_port(model: nn.Module, setup: RankSetup, shape: PortShape, batch: int = 1,
-             row_kv_writes: bool = True) -> tuple[Port, XlaBackend]:
+             row_kv_writes: bool = True, prefill_update: bool = True) -> tuple[Port, XlaBackend]:
     """The port of ``model`` under ``setup``, compiled for ``batch`` rows by the XLA backend (``model`` is not
-    modified; ``row_kv_writes``: see :class:`XlaBackend`)."""
-    backend = XlaBackend(setup, row_kv_writes)  # fails fast, with the install hint, without torch-xla
+    modified; ``row_kv_writes``, ``prefill_update``: see :class:`XlaBackend`)."""
+    backend = XlaBackend(setup, row_kv_writes, prefill_update)  # fails fast, with the install hint, without torch-xla
     if setup.tp == 1:
         port = run_ranks(lambda rank: Port.for_rank(rank, shape), setup, model)[0]
     else:

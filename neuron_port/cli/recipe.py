@@ -41,7 +41,7 @@ def recipe_parser(description: str, tp: int | None = None) -> argparse.ArgumentP
         help="dtype of the graphs, weights and KV store (Inferentia2 runs bf16; the check's logit bound follows the dtype)",
     )
     add_quant_option(ap, what="int8: weight-only int8 projections (per output channel, fp32 scales; the LM head too with "
-                     "--quant-head), checked against the same quantized model (cpu and xla backends)")
+                     "--quant-head), checked against the same quantized model (every backend)")
     return ap
 
 

@@ -149,7 +149,13 @@ class SlotBatch:
                 self.rows[slot], self.owners[slot] = state, owner
                 self.positions[slot] = length
             inputs = self.port.inputs.prefill(ids, lengths, bucket)
-            fresh = self.port.inputs.new_store(ids.shape[0], self.port.stores.prefill_kv[bucket])
+            first = self.port.stores.specs[self.port.stores.prefill_kv[bucket]]
+            if self.port.runners.resident_kv:  # the device holds the store: the host's one placeholder, viewed
+                if self.store is None:
+                    self.store = self.port.inputs.new_store(self.slots, self.kv_len)
+                fresh = self.store.prefix(first)
+            else:
+                fresh = self.port.inputs.new_store(ids.shape[0], first.kv_len)
             host = time.perf_counter() - t0
             g0 = time.perf_counter()
             logits, fresh = run_step(self.port.runners.prefill[bucket], inputs, fresh)
@@ -158,7 +164,10 @@ class SlotBatch:
             return self._advance(slots, [logits[r] for r in rows], 1e3 * host, 1e3 * graph)
 
     def _merge(self, fresh: KVStore, rows: list[int], slots: list[int], lengths: torch.Tensor) -> None:
-        """Copy the prefilled ``rows`` of ``fresh`` into the running store at ``slots``."""
+        """Copy the prefilled ``rows`` of ``fresh`` into the running store at ``slots`` (nothing to copy where
+        the store lives on the device: the prefill wrote its rows there)."""
+        if self.port.runners.resident_kv:
+            return
         spec = self.port.stores.specs[self.kv_len]
         if fresh.spec.kv_len != self.kv_len:
             fresh = fresh.grow(spec, lengths - 1)

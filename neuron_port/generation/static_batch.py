@@ -67,12 +67,16 @@ def pick_tokens(rows: list[RowState], logits: torch.Tensor, positions: torch.Ten
     return next_tok, events
 
 
-def grow_if_full(port: Port, store: KVStore, positions: torch.Tensor, rows: list[RowState]) -> KVStore:
-    """Move the store to the next KV length when a live row's next position does not fit."""
+def grow_if_full(port: Port, store: KVStore, positions: torch.Tensor, rows: list[RowState],
+                 whole: KVStore | None = None) -> KVStore:
+    """Move the store to the next KV length when a live row's next position does not fit: a copy into
+    the larger store, or, given the ``whole`` store at the largest length that ``store`` is a prefix of
+    (a device-resident store's host placeholder), the next prefix of it (nothing copied)."""
     kv = store.spec.kv_len
     if max(int(positions[r]) for r, row in enumerate(rows) if not row.done) < kv:
         return store
-    return store.grow(port.stores.specs[port.stores.next_kv(kv)], positions - 1)
+    bigger = port.stores.specs[port.stores.next_kv(kv)]
+    return whole.prefix(bigger) if whole is not None else store.grow(bigger, positions - 1)
 
 
 def _rows(port: Port, request: GenerationRequest, tokenizer: Any) -> list[RowState]:
@@ -120,7 +124,10 @@ def _steps(port: Port, request: GenerationRequest, tokenizer: Any, pad_id: int, 
     t0 = time.perf_counter()
     bucket, ids, lengths = pad_prompts(request.prompts, port.buckets, pad_id)
     inputs = port.inputs.prefill(ids, lengths, bucket)
-    store = port.inputs.new_store(len(rows), port.stores.prefill_kv[bucket])
+    # a device-resident store: one host placeholder at the largest length, each graph handed a prefix of it
+    whole = port.inputs.new_store(len(rows), port.stores.kv_len) if port.runners.resident_kv else None
+    first = port.stores.specs[port.stores.prefill_kv[bucket]]
+    store = whole.prefix(first) if whole is not None else port.inputs.new_store(len(rows), first.kv_len)
     step_host = time.perf_counter() - t0
     logits, store, step_graph = _timed_step(port.runners.prefill[bucket], inputs, store)
     result.prefill_s, result.graph_s, result.host_s, result.decode_steps = time.perf_counter() - t0, step_graph, 0.0, 0
@@ -141,7 +148,7 @@ def _steps(port: Port, request: GenerationRequest, tokenizer: Any, pad_id: int, 
         if all(row.done for row in rows):
             break
         h0 = time.perf_counter()
-        store = grow_if_full(port, store, positions, rows)
+        store = grow_if_full(port, store, positions, rows, whole)
         kv = store.spec.kv_len
         inputs = port.inputs.decode(next_tok, torch.clamp(positions, max=kv - 1), kv)
         step_host = time.perf_counter() - h0

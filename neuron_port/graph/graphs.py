@@ -14,8 +14,9 @@ per-layer inputs, per-type RoPE and head sizes come for free) with three substit
 * no embedding tables and no softcap: embeddings come in as activations and the graph ends
   at raw logits of the LM head for each row's last real token.
 
-Inputs: the fields of :class:`~neuron_port.graph.step.StepInputs` in order, then the store flat (K of
-every owner, then V of every owner, each ``[batch, n_kv, slots, head_dim]``). Outputs:
+Inputs: the fields of :class:`~neuron_port.graph.step.StepInputs` in order, then (a decode graph keyed by
+its length, :attr:`StaticLMGraph.slot_input`) ``slot_ids [kv_len]``, then the store flat (K of every
+owner, then V of every owner, each ``[batch, n_kv, slots, head_dim]``). Outputs:
 ``(logits [batch, vocab], *store)``; :attr:`StaticLMGraph.aliases` maps each KV input to its
 output. :func:`build_graphs` builds one rank's set: a prefill graph per prompt bucket and a
 decode graph per KV length.
@@ -23,7 +24,7 @@ decode graph per KV length.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,16 +47,19 @@ class OneHotCache:
     :func:`~neuron_port.graph.kv.prefill_write`) and
     it returns the fresh prompt K/V (the prompt attends itself; a ring could not hold a prompt
     longer than the window); in decode the new row goes where the one-hot ``writes`` map of its
-    layer's kind points, and it returns the updated buffers.
+    layer's kind points, and it returns the updated buffers (with ``read_slots``, each owner's first
+    ``read_slots[j]`` slots of them: a decode graph on a prefix of a larger store).
     """
 
     def __init__(self, spec: KVStoreSpec, kv: tuple[torch.Tensor, ...], writes: dict[str, torch.Tensor] | None,
                  prefill: bool, inplace: bool = False, rows: bool = False, positions: torch.Tensor | None = None,
-                 lengths: torch.Tensor | None = None, read_slots: list[int] | None = None):
+                 lengths: torch.Tensor | None = None, read_slots: list[int] | None = None,
+                 leading_update: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
         n = len(spec.slots)
         # decode on a prefix of a larger store: each owner's new row goes into the whole buffer (a
         # row write), attention reads its first read_slots[j] slots; None: the buffers are the store read
         self.read_slots = read_slots
+        self.leading_update = leading_update  # a prefill's by-position write (None: slice_scatter)
         self.index = {slot.layer: j for j, slot in enumerate(spec.slots)}
         self.kinds = {slot.layer: slot.attention for slot in spec.slots}
         self.rings = {slot.layer: slot.slots if slot.ring else None for slot in spec.slots}
@@ -75,8 +79,9 @@ class OneHotCache:
         j = self.index[layer_idx]
         if self.prefill:
             ring = self.rings[layer_idx]
-            self.keys[j] = prefill_write(self.keys[j], key_states, self.positions, self.lengths, ring)
-            self.values[j] = prefill_write(self.values[j], value_states, self.positions, self.lengths, ring)
+            self.keys[j] = prefill_write(self.keys[j], key_states, self.positions, self.lengths, ring, self.leading_update)
+            self.values[j] = prefill_write(self.values[j], value_states, self.positions, self.lengths, ring,
+                                           self.leading_update)
             return key_states, value_states
         write = self.writes[self.kinds[layer_idx]]
         store = scatter_write_ if self.inplace else row_write if self.rows else onehot_write
@@ -113,6 +118,9 @@ class StaticLMGraph(nn.Module):
         self.read_slots = None if store is None or store is spec else prefix_slots(store, spec)
         if self.read_slots is not None and prefill:
             raise ValueError("a prefill writes into the store it is handed: build it over that store's spec")
+        # A prefill's write of its prompt rows into a by-position buffer (None: slice_scatter): set by backends
+        # whose lowering should see one dynamic-update-slice (backends.leading_update).
+        self.leading_update: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         # Decode graphs keyed by their KV length take ``slot_ids [kv_len]`` after the step inputs (the
         # position each full slot holds): set by backends whose executor routes a call by its input shapes.
         self.slot_input = False
@@ -168,7 +176,7 @@ class StaticLMGraph(nn.Module):
                                slot_ids)
         writes = None if self.prefill else {"full": maps.write_full, "sliding": maps.write_sliding}
         cache = OneHotCache(self.store, kv, writes, self.prefill, self.inplace_kv_writes, self.row_kv_writes,
-                            position_ids, lengths, self.read_slots)
+                            position_ids, lengths, self.read_slots, self.leading_update)
         extra = self.family.text_model_extra_inputs(per_layer) if self.has_ple else {}
         out = self.family.text_model(self.model)(
             inputs_embeds=inputs_embeds,

@@ -16,7 +16,7 @@ Buffers are ``[batch, n_kv, slots, head_dim]``; one K and one V buffer per owner
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -224,7 +224,8 @@ def onehot_write(buf: torch.Tensor, new: torch.Tensor, onehot: torch.Tensor) -> 
 
 
 def prefill_write(buf: torch.Tensor, new: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor,
-                  ring: int | None) -> torch.Tensor:
+                  ring: int | None, leading_update: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+                  ) -> torch.Tensor:
     """Prefill write of the prompt rows only, equal to :func:`onehot_write` with
     :func:`~neuron_port.graph.masks.prefill_writes`' map.
 
@@ -232,8 +233,10 @@ def prefill_write(buf: torch.Tensor, new: torch.Tensor, positions: torch.Tensor,
     to ``steps`` positions; positions: [batch, steps], each row ``0..steps-1`` (the graph's input, so
     a traced graph holds no per-bucket constant); lengths: [batch] real lengths (0 writes nothing). A buffer
     where slot ``p`` holds position ``p`` (``ring`` None, ``slots >= steps``) takes the real steps in
-    its first ``steps`` slots, one static slice update (NxD Inference's ``fill_prefix``, which emits
-    it as a dynamic-update-slice; torch-xla lowers ``slice_scatter`` as a select over the buffer); a
+    its first ``steps`` slots, one static slice update (``leading_update(buf, head)``: ``slice_scatter``
+    unless the backend gives its own; torch-xla lowers ``slice_scatter`` as a select over the buffer, and
+    the XLA and nxd backends pass :func:`neuron_port.backends.leading_update.leading_update`, one
+    dynamic-update-slice, as NxD Inference's ``fill_prefix`` writes it); a
     ring of ``ring`` slots takes, in slot ``s``, the last real step ``t`` with ``t % ring == s``, one
     gather along the steps. Every other slot keeps what it held. No ``[steps, slots]`` map is built
     or read, and no matmul over the store is made.
@@ -246,6 +249,8 @@ def prefill_write(buf: torch.Tensor, new: torch.Tensor, positions: torch.Tensor,
             raise ValueError(f"a prefill of {steps} steps does not fit a buffer of {slots} slots")
         real = positions < lengths[:, None]  # [batch, steps]
         head = torch.where(real[:, None, :, None], new, buf[:, :, :steps])
+        if leading_update is not None:
+            return leading_update(buf, head)
         return buf.slice_scatter(head, dim=2, start=0, end=steps)
     if ring != slots:
         raise ValueError(f"a ring of {ring} slots does not match a buffer of {slots} slots")

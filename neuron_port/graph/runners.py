@@ -33,7 +33,10 @@ class Runners:
     decode runners write the new K/V into the store they are given (CPU TorchScript) instead of
     returning blended copies (eager and device graphs). ``compiled``: a backend made them (they
     no longer need the graphs or the model). ``inference_mode``: they may run under
-    ``torch.inference_mode`` (XLA's lazy tensors cannot: they run under ``no_grad``).
+    ``torch.inference_mode`` (XLA's lazy tensors cannot: they run under ``no_grad``). ``resident_kv``:
+    the store lives on the device as the runners' own state, one for every graph (nxd, neuron); the
+    host store handed in is a placeholder, returned as it is, so the host keeps one at the largest KV
+    length and hands each graph a prefix view of it, never copying it between lengths.
     """
 
     prefill: dict[int, Runnable]
@@ -42,6 +45,7 @@ class Runners:
     inplace_kv_writes: bool = False
     compiled: bool = False
     inference_mode: bool = True
+    resident_kv: bool = False
 
     def facts(self) -> dict[str, Any]:
         """What an artifact's manifest records about them besides its batch."""
@@ -58,17 +62,21 @@ def compile_graphs(graphs: GraphSet, backend: Any, examples: Examples, batch: in
 
     Decode graphs write K/V in place when the backend says it allows that
     (``backend.inplace_kv_writes``), or write their new rows only by a scatter that returns the store
-    when the backend keeps the store aliased (``backend.row_kv_writes``). Graphs compiled by a static-shape backend
+    when the backend keeps the store aliased (``backend.row_kv_writes``); prefill graphs write their prompt rows
+    with the backend's ``leading_update`` where it has one (XLA: one dynamic-update-slice). Graphs compiled by a
+    static-shape backend
     (``backend.static_batch``, true unless the backend says otherwise) take exactly ``batch``
     rows from then on.
     """
     inplace = bool(getattr(backend, "inplace_kv_writes", False))
     rows = bool(getattr(backend, "row_kv_writes", False))
+    leading = getattr(backend, "leading_update", None)
     jobs = [("prefill", b, g) for b, g in graphs.prefill.items()] + [("decode", kv, g) for kv, g in graphs.decode.items()]
     out: dict[str, dict[int, Runnable]] = {"prefill": {}, "decode": {}}
     for kind, size, graph in tqdm(jobs, desc=desc, unit="graph", leave=False, disable=len(jobs) < 2):
         graph.inplace_kv_writes = inplace and kind == "decode"
         graph.row_kv_writes = rows and kind == "decode"
+        graph.leading_update = leading if kind == "prefill" else None
         inputs, store = examples(kind, size, batch)
         out[kind][size] = backend.compile(graph, [*inputs, *store.tensors()], graph.aliases)
     static = getattr(backend, "static_batch", True)
@@ -110,7 +118,8 @@ def load_runners(backend: Any, rank_dir: Path, buckets: list[int], kv_lens: list
         loaded = {file: backend.load(rank_dir / file) for file in files}
     prefill = {b: loaded[runner_file("prefill", b)] for b in buckets}
     decode = {kv: loaded[runner_file("decode", kv)] for kv in kv_lens}
-    return Runners(prefill, decode, int(batch), bool(facts.get("inplace_kv_writes", False)), compiled=True)
+    return Runners(prefill, decode, int(batch), bool(facts.get("inplace_kv_writes", False)), compiled=True,
+                   resident_kv=bool(facts.get("resident_kv", False)))
 
 
 __all__ = ["Runners", "Examples", "eager_runners", "compile_graphs", "runner_file", "save_runners", "load_runners"]

@@ -107,16 +107,16 @@ def test_the_strict_stand_in_casts_parameters_only(tmp_path):
     assert run_cli_process("generate", str(good), "--prompt-len", "4", "--max-new-tokens", "2", env=standin_env()).returncode == 0
 
 
-def _generate(artifact: Path, new_tokens: int = 12) -> dict:
-    res = run_cli_process("generate", str(artifact), "--prompt-len", "10", "--max-new-tokens", str(new_tokens), "--check",
-                          "--json", env=standin_env())
+def _generate(artifact: Path, new_tokens: int = 12, prompt_len: int = 10) -> dict:
+    res = run_cli_process("generate", str(artifact), "--prompt-len", str(prompt_len), "--max-new-tokens", str(new_tokens),
+                          "--check", "--json", env=standin_env())
     assert res.returncode in (0, 1), res.stderr[-3000:]
     return json.loads(res.stdout)
 
 
-def _generate_tokens(artifact: Path, new_tokens: int) -> dict:
-    res = run_cli_process("generate", str(artifact), "--prompt-len", "10", "--max-new-tokens", str(new_tokens), "--json",
-                          env=standin_env())
+def _generate_tokens(artifact: Path, new_tokens: int, prompt_len: int) -> dict:
+    res = run_cli_process("generate", str(artifact), "--prompt-len", str(prompt_len), "--max-new-tokens", str(new_tokens),
+                          "--json", env=standin_env())
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout)
 
@@ -161,7 +161,7 @@ def test_the_check_fails_when_the_graphs_do_not_share_the_store(tmp_path):
     assert checked["logit_check"]["max_relative_error"] > checked["logit_check"]["tolerance"]
 
 
-LENGTHS = ["--buckets", "8,16", "--kv-lens", "16,32,64"]
+LENGTHS = ["--buckets", "4,16", "--kv-lens", "4,16,64"]
 
 # run by a child with the stand-in SDK: the server's slot batch over the artifact, recording the KV length
 # of every decode step (SlotBatch.decode_length), then the tokens
@@ -173,7 +173,7 @@ from neuron_port.generation.request import GenerationParams
 from neuron_port.checks.validation import artifact_prompt
 from neuron_port.generation.slots import SlotBatch
 directory, n = sys.argv[1], int(sys.argv[2])
-prompt = artifact_prompt(directory, 10, 0)  # generate --prompt-len 10's prompt
+prompt = artifact_prompt(directory, 3, 0)  # generate --prompt-len 3's prompt
 batch = SlotBatch(load_rank_port(directory, verify(directory), 0), 1)
 tokens, lengths = [], []
 events = batch.admit([(prompt, GenerationParams(max_new_tokens=n), "r")])
@@ -188,8 +188,9 @@ print(json.dumps({"tokens": tokens, "lengths": lengths}))
 
 
 def test_decode_by_length_shares_one_store_and_moves_up_without_a_copy(tmp_path):
-    """Three decode keys over ONE aliased store (allocated once, at the largest length): a 10-token prompt
-    decodes on the 16-position key, moves to 32 and then 64 as it grows, and gives the tokens of the
+    """Three decode keys over ONE aliased store (allocated once, at the largest length): a 3-token prompt
+    decodes on the 4-position key (under the tiny E2B's window of 8: its sliding owners are full-length
+    there, rings in the store), moves to 16 and then 64 as it grows, and gives the tokens of the
     single-length artifact and of Hugging Face; the server's slot batch picks the same lengths and tokens.
     With a store per key (the stand-in made to give each its own) the move to a longer key loses the
     context, and the check fails."""
@@ -200,25 +201,25 @@ def test_decode_by_length_shares_one_store_and_moves_up_without_a_copy(tmp_path)
     summary = json.loads(res.stdout)
     graphs = json.loads((out / "rank0" / "nxd_graphs.json").read_text())["graphs"]
     assert {f: g.get("slot_ids") for f, g in graphs.items() if f.startswith("decode")} == {
-        "decode_16.pt": 16, "decode_32.pt": 32, "decode_64.pt": 64}
+        "decode_4.pt": 4, "decode_16.pt": 16, "decode_64.pt": 64}
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["kv_lens"] == [16, 32, 64]
+    assert manifest["kv_lens"] == [4, 16, 64] and manifest["runners"]["resident_kv"] is True
     # one store per core, at the largest length: what the planner counts, less than a store per length
     per_length = manifest["kv_layout"][0]
     assert summary["kv_state_bytes_per_core"] == summary["plan_kv_bytes_per_core"] > 0
     assert len(per_length) == 3
-    res = run_cli_process("generate", str(out), "--prompt-len", "10", "--max-new-tokens", "40", "--check", "--json",
+    res = run_cli_process("generate", str(out), "--prompt-len", "3", "--max-new-tokens", "40", "--check", "--json",
                           env=standin_env())
     assert res.returncode == 0, res.stderr[-3000:]
     checked = json.loads(res.stdout)
     assert checked["seq_match"] is True and checked["self_checks_passed"] is True
     assert checked["logit_check"]["max_relative_error"] < 1e-4
-    lengths = checked["step_kv_lens"]  # step i decodes position 10 + i, holding 11 + i positions
-    assert lengths == [16] * 6 + [32] * 16 + [64] * 17, lengths
+    lengths = checked["step_kv_lens"]  # step i decodes position 3 + i, holding 4 + i positions
+    assert lengths == [4] + [16] * 12 + [64] * 26, lengths
     single = tmp_path / "L1"
-    assert run_cli_process("compile", "gemma-4-e2b", "--tiny", "--backend", "nxd", "--buckets", "8,16", "--kv-lens", "64",
+    assert run_cli_process("compile", "gemma-4-e2b", "--tiny", "--backend", "nxd", "--buckets", "4,16", "--kv-lens", "64",
                            "--out", str(single), env=standin_env()).returncode == 0
-    alone = _generate_tokens(single, 40)
+    alone = _generate_tokens(single, 40, 3)
     assert alone["tokens"] == checked["tokens"] and set(alone["step_kv_lens"]) == {64}
     served = subprocess.run([sys.executable, "-c", _SLOT_BATCH, str(out), "40"],
                             capture_output=True, text=True, env=standin_env(), timeout=600)
@@ -229,7 +230,7 @@ def test_decode_by_length_shares_one_store_and_moves_up_without_a_copy(tmp_path)
     private = tmp_path / "P"
     assert run_cli_process("compile", "gemma-4-e2b", "--tiny", "--backend", "nxd", *LENGTHS, "--out", str(private),
                            env=standin_env(NEURON_PORT_STANDIN_PRIVATE_STATE="1")).returncode == 0
-    broken = _generate(private, 40)
+    broken = _generate(private, 40, 3)
     assert broken["self_checks_passed"] is False
 
 

@@ -120,3 +120,24 @@ def test_the_stand_in_refuses_a_checkpoint_that_changes_int8_values(plant, refus
     res = _compile_planted(plant, tmp_path / "A", "gemma-4-e2b", "--quant", "int8")
     assert res.returncode != 0 and refusal in res.stderr, res.stderr[-2000:]
     assert not (tmp_path / "A").exists()
+
+
+@pytest.mark.slow
+def test_a_real_checkpoint_in_int8_on_one_neuron_core_is_judged_within_the_measured_bound(smollm2_dir, tmp_path):
+    """SmolLM2-135M in int8 through the neuron artifact, prompted with text: Hugging Face's greedy tokens of the
+    same int8 model, and quant-drift judged (a real checkpoint) against the float32 model within the bound
+    benchmarks/int8_accuracy.py measured; the shard is the planner's bytes to the byte."""
+    out = tmp_path / "smol"
+    res = run_cli_process("compile", str(smollm2_dir), "--backend", "neuron", "--quant", "int8", "--buckets", "16",
+                          "--kv-lens", "64", "--out", str(out), "--json", env=standin_env())
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout)["shard_to_plan"] == 1.0
+    res = run_cli_process("generate", str(out), "--prompt", "The capital of France is", "--max-new-tokens", "12",
+                          "--check", "--json", env=standin_env())
+    assert res.returncode == 0, res.stderr[-3000:]
+    checked = json.loads(res.stdout)
+    drift = {c["name"]: c for c in checked["self_checks"]}["quant-drift"]
+    assert checked["seq_match"] is True and checked["self_checks_passed"] is True and drift["status"] == "pass"
+    assert checked["logit_check"]["max_relative_error"] < TIGHT
+    assert 0 < checked["quant_check"]["max_relative_error"] <= checked["quant_check"]["tolerance"]
+    assert checked["text"].startswith(" Paris")

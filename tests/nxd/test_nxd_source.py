@@ -96,7 +96,8 @@ def _phi3_config(directory: Path) -> str:
 
 
 @pytest.mark.parametrize("name,tp,quant", [("gemma-4-e4b", 2, "none"), ("gemma-4-12b", 4, "none"),
-                                           ("gemma-4-12b", 2, "int8+head"), ("qwen2", 2, "none"), ("phi-3", 2, "none")])
+                                           ("gemma-4-12b", 2, "int8+head"), ("qwen2", 2, "none"), ("qwen2", 4, "none"),
+                                           ("phi-3", 2, "none")])
 def test_the_nxd_artifacts_traced_module_matches_hugging_face(name, tp, quant, tmp_path):
     """The modules an nxd artifact's ModelBuilder traces for a prefill key and a decode key (NxD's parallel
     layers, the KV store as parameters), given NxD's shard of the checkpoint keyed as that module names
@@ -104,7 +105,8 @@ def test_the_nxd_artifacts_traced_module_matches_hugging_face(name, tp, quant, t
     from that store (new rows written by scatter) gives Hugging Face's next logits, on a decode key that reads a
     prefix of the store and then on the longer one; the core's shard is the planner's bytes. Also with NxD's
     quantized layers and the replicated int8 head (against the library's int8+head model), with Qwen2's
-    biases (column-parallel: split with their rows) and Phi-3's fused projections cut into their roles."""
+    biases (column-parallel: split with their rows; at tp 4 its 2 KV heads replicated, the K/V biases
+    expanded with their rows) and Phi-3's fused projections cut into their roles."""
     if name == "phi-3":
         name = _phi3_config(tmp_path)
     results = run_ranks_on_nxd(name, tp, resident=True, quant=quant)
@@ -123,7 +125,8 @@ def test_the_nxd_artifacts_traced_module_matches_hugging_face(name, tp, quant, t
         assert abs(out["shard_bytes"] / out["plan_weight_bytes"] - 1) < 0.02, out
 
 
-@pytest.mark.parametrize("name,quant", [("gemma-4-e4b", "int8"), ("gemma-4-12b", "int8"), ("gemma-4-12b", "int8+head")])
+@pytest.mark.parametrize("name,quant", [("gemma-4-e4b", "int8"), ("gemma-4-12b", "int8"), ("gemma-4-12b", "int8+head"),
+                                        ("gemma-4-e2b", "int8")])
 def test_nxd_quantized_layers_match_the_librarys_int8_model(name, quant):
     """NxD's own QuantizedColumnParallel / QuantizedRowParallel (per-channel symmetric int8, fp32 scales) at
     tp 2, loaded by NxD's sharding from the library's int8 checkpoint (int8 weights, [out, 1] scales, K/V

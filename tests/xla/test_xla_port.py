@@ -171,3 +171,43 @@ def test_decode_cost_benchmark_smoke():
     assert row["model"] == "gemma-4-e2b" and row["context"] == 4096
     assert 1 <= row["ratio"] < row["blend_ratio"] < row["hf_ratio"]
     assert row["bytes"] >= row["minimum_bytes"] and row["by_class"]["kv_write"] > 0 == row["blend_by_class"]["kv_write"]
+
+
+_PREFILL_UPDATE = """
+import json, sys
+from neuron_port.backends.xla_port import xla_port
+from neuron_port.generation.generate import generate
+from neuron_port.generation.request import GenerationRequest
+from neuron_port.graph.shapes import PortShape
+from neuron_port.model.configs import load_config
+from neuron_port.model.layout import describe
+from neuron_port.model.loading import build_model
+from neuron_port.parallel.ranks import RankSetup
+model = build_model(load_config("gemma-4-12b", tiny=True), seed=0)
+setup = RankSetup.for_layout(describe(model), 1)
+port, backend = xla_port(model, setup, PortShape([16], [512]), prefill_update=sys.argv[1] == "1")
+tokens = generate(port, GenerationRequest.greedy([json.loads(sys.argv[2])], max_new_tokens=6)).tokens[0]
+report = backend.report()
+full = sum(1 for slot in port.stores.specs[512].slots if not slot.ring)
+print(json.dumps({"tokens": tokens, "full_owners": full, "opcodes": report["hlo_opcodes"]["prefill_16"],
+                  "bytes": report["hlo_traffic"]["prefill_16"]["total"]}))
+"""
+
+
+def test_a_prefill_writes_its_full_buffers_by_dynamic_update_slice():
+    """The prefill's by-position write lowers to one dynamic-update-slice per full-attention buffer (K and V
+    of each full owner), as NxD Inference emits it, where ``slice_scatter`` lowers to a select over each
+    buffer: the same tokens, and fewer bytes moved by the prefill graph."""
+    runs = {}
+    for flag in ("1", "0"):
+        proc = subprocess.run([sys.executable, "-c", _PREFILL_UPDATE, flag, json.dumps(PROMPT[:12])], capture_output=True,
+                              text=True, timeout=900, env={**os.environ, "PJRT_DEVICE": "CPU"}, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[flag] = json.loads(proc.stdout.strip().splitlines()[-1])
+    dus, scatter = runs["1"], runs["0"]
+    assert dus["full_owners"] > 0 and dus["tokens"] == scatter["tokens"]
+    assert dus["opcodes"].get("dynamic-update-slice", 0) == 2 * dus["full_owners"], dus["opcodes"]
+    assert scatter["opcodes"].get("dynamic-update-slice", 0) == 0
+    print(f"[xla] 12B tiny prefill_16 into 512 positions: {dus['bytes']:,} bytes by dynamic-update-slice, "
+          f"{scatter['bytes']:,} by slice_scatter", file=sys.stderr)
+    assert dus["bytes"] < scatter["bytes"]
