@@ -161,6 +161,43 @@ def standin_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def compile_with_planted_checkpoint(plant: str, *compile_args: str) -> subprocess.CompletedProcess:
+    """``neuron-port compile *compile_args`` in a child with the stand-in SDK, whose device checkpoint
+    (:func:`neuron_port.backends.nxd_checkpoint.nxd_checkpoint`) is changed by ``plant``: Python over
+    ``state``, with ``model`` and ``torch`` in scope."""
+    code = ("import sys, torch\n"
+            "import neuron_port.backends.nxd_checkpoint as nxd\n"
+            "original = nxd.nxd_checkpoint\n"
+            "def planted(model, setup, layer_dtype=None):\n"
+            "    state = original(model, setup, layer_dtype)\n"
+            f"    {plant}\n"
+            "    return state\n"
+            "nxd.nxd_checkpoint = planted\n"
+            "from neuron_port.cli.command import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    return subprocess.run([sys.executable, "-c", code, "compile", *compile_args], capture_output=True, text=True,
+                          env=standin_env(), timeout=600)
+
+
+def generate_on_standin(artifact: Path, new_tokens: int = 12, prompt_len: int = 10, check: bool = True) -> dict:
+    """``neuron-port generate ARTIFACT --json`` (with ``--check`` unless ``check`` is False) in a fresh process
+    with the stand-in SDK; its JSON. A failed check (exit 1) still returns what it printed."""
+    import json
+
+    res = run_cli_process("generate", str(artifact), "--prompt-len", str(prompt_len), "--max-new-tokens", str(new_tokens),
+                          *(["--check"] if check else []), "--json", env=standin_env())
+    assert res.returncode in ((0, 1) if check else (0,)), res.stderr[-3000:]
+    return json.loads(res.stdout)
+
+
+def shard_dtypes(artifact: Path, core: int = 0) -> dict[str, str]:
+    """Key -> safetensors dtype (``"I8"``, ``"F32"``...) of core ``core``'s shard in an nxd or neuron artifact."""
+    from safetensors import safe_open
+
+    with safe_open(str(artifact / "rank0" / "weights" / f"tp{core}_sharded_checkpoint.safetensors"), "pt") as f:
+        return {k: str(f.get_slice(k).get_dtype()) for k in f.keys()}
+
+
 def copy_tree(src: Path, tmp_path: Path) -> Path:
     """A copy of the directory ``src`` under ``tmp_path``, for a test that edits what a shared fixture made."""
     import shutil

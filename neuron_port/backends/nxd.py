@@ -220,15 +220,14 @@ class ResidentKVRunner:
     def __init__(self, executor: Any, n_inputs: int, slot_ids: int | None = None):
         self.executor = executor
         self.n_inputs = n_inputs
-        self.kv_len = slot_ids
         self.slot_ids = None if slot_ids is None else torch.arange(int(slot_ids), dtype=torch.long)
 
     def __call__(self, *args: torch.Tensor):
         inputs = list(args[: self.n_inputs])
         if self.slot_ids is not None:
             held = int(inputs[INPUT_NAMES.index("lengths")].max())  # positions each row holds once written
-            if held > self.kv_len:
-                raise NeuronPortError(f"a decode step of {held} positions on the graph that reads {self.kv_len}: "
+            if held > self.slot_ids.numel():
+                raise NeuronPortError(f"a decode step of {held} positions on the graph that reads {self.slot_ids.numel()}: "
                                       "pick the smallest KV length that holds the context")
             inputs.append(self.slot_ids)
         # NxDModelExecutor.forward(*inputs) is ``nxd_model(list(inputs))`` traced at the first key's input count

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_cli_process, standin_env
+from tests.helpers import compile_with_planted_checkpoint, generate_on_standin, run_cli_process, shard_dtypes, standin_env
 
 SHAPE = ["--buckets", "8,16", "--kv-lens", "32"]
 
@@ -38,18 +38,11 @@ def nxd_artifact(compiled) -> Path:
     return compiled[0]
 
 
-def _shard_keys(artifact: Path) -> list[str]:
-    from safetensors import safe_open
-
-    with safe_open(str(artifact / "rank0" / "weights" / "tp0_sharded_checkpoint.safetensors"), "pt") as f:
-        return list(f.keys())
-
-
 def test_the_shard_holds_device_tensors_only_and_matches_the_plan(compiled):
     """No host table on the device (the per-layer embedding alone is 4.7 GB per core on the real E2B);
     the head under its own name; what each core holds agrees with the planner's per-core weights."""
     artifact, summary = compiled
-    keys = _shard_keys(artifact)
+    keys = list(shard_dtypes(artifact))
     assert not [k for k in keys if "embed_tokens" in k], "a host-side embedding table reached the device shard"
     assert "graph.model.lm_head.weight" in keys
     shard, planned = summary["shard_bytes_per_core"], summary["plan_weight_bytes_per_core"]
@@ -68,21 +61,7 @@ _PLANTS = {
 
 
 def _compile_with(plant: str, out: Path, *extra: str):
-    import subprocess
-    import sys
-
-    code = ("import sys\n"
-            "import neuron_port.backends.nxd_checkpoint as nxd\n"
-            "original = nxd.nxd_checkpoint\n"
-            "def planted(model, setup, layer_dtype=None):\n"
-            "    state = original(model, setup, layer_dtype)\n"
-            f"    {plant}\n"
-            "    return state\n"
-            "nxd.nxd_checkpoint = planted\n"
-            "from neuron_port.cli.command import main\n"
-            "sys.exit(main(sys.argv[1:]))\n")
-    args = ["compile", "gemma-4-e2b", "--tiny", "--backend", "nxd", *SHAPE, *extra, "--out", str(out)]
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=standin_env(), timeout=600)
+    return compile_with_planted_checkpoint(plant, "gemma-4-e2b", "--tiny", "--backend", "nxd", *SHAPE, *extra, "--out", str(out))
 
 
 @pytest.mark.parametrize("plant,refusal", [("host tables", "tensors the traced module does not have"),
@@ -107,20 +86,6 @@ def test_the_strict_stand_in_casts_parameters_only(tmp_path):
     assert run_cli_process("generate", str(good), "--prompt-len", "4", "--max-new-tokens", "2", env=standin_env()).returncode == 0
 
 
-def _generate(artifact: Path, new_tokens: int = 12, prompt_len: int = 10) -> dict:
-    res = run_cli_process("generate", str(artifact), "--prompt-len", str(prompt_len), "--max-new-tokens", str(new_tokens),
-                          "--check", "--json", env=standin_env())
-    assert res.returncode in (0, 1), res.stderr[-3000:]
-    return json.loads(res.stdout)
-
-
-def _generate_tokens(artifact: Path, new_tokens: int, prompt_len: int) -> dict:
-    res = run_cli_process("generate", str(artifact), "--prompt-len", str(prompt_len), "--max-new-tokens", str(new_tokens),
-                          "--json", env=standin_env())
-    assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads(res.stdout)
-
-
 def test_nxd_artifact_layout(nxd_artifact):
     manifest = json.loads((nxd_artifact / "manifest.json").read_text())
     assert manifest["backend"] == "nxd" and manifest["tp"] == 1 and manifest["kv_lens"] == [32]
@@ -133,7 +98,7 @@ def test_nxd_artifact_layout(nxd_artifact):
 
 
 def test_nxd_artifact_generates_the_reference_from_a_fresh_process(nxd_artifact):
-    out = _generate(nxd_artifact)
+    out = generate_on_standin(nxd_artifact)
     assert out["backend"] == "nxd"
     assert out["seq_match"] is True and out["self_checks_passed"] is True
     assert out["logit_check"]["steps"] == 12
@@ -146,7 +111,7 @@ def test_an_e4b_nxd_artifact_generates_the_reference(tmp_path):
                           env=standin_env())
     assert res.returncode == 0, res.stderr[-3000:]
     assert abs(json.loads(res.stdout)["shard_to_plan"] - 1) < 0.02
-    checked = _generate(out)
+    checked = generate_on_standin(out)
     assert checked["seq_match"] is True and checked["self_checks_passed"] is True
 
 
@@ -156,7 +121,7 @@ def test_the_check_fails_when_the_graphs_do_not_share_the_store(tmp_path):
     res = run_cli_process("compile", "gemma-4-e2b", "--tiny", "--backend", "nxd", *SHAPE, "--out", str(out),
                           env=standin_env(NEURON_PORT_STANDIN_PRIVATE_STATE="1"))
     assert res.returncode == 0, res.stderr[-3000:]
-    checked = _generate(out)
+    checked = generate_on_standin(out)
     assert checked["self_checks_passed"] is False
     assert checked["logit_check"]["max_relative_error"] > checked["logit_check"]["tolerance"]
 
@@ -219,7 +184,7 @@ def test_decode_by_length_shares_one_store_and_moves_up_without_a_copy(tmp_path)
     single = tmp_path / "L1"
     assert run_cli_process("compile", "gemma-4-e2b", "--tiny", "--backend", "nxd", "--buckets", "4,16", "--kv-lens", "64",
                            "--out", str(single), env=standin_env()).returncode == 0
-    alone = _generate_tokens(single, 40, 3)
+    alone = generate_on_standin(single, 40, 3, check=False)
     assert alone["tokens"] == checked["tokens"] and set(alone["step_kv_lens"]) == {64}
     served = subprocess.run([sys.executable, "-c", _SLOT_BATCH, str(out), "40"],
                             capture_output=True, text=True, env=standin_env(), timeout=600)
@@ -230,7 +195,7 @@ def test_decode_by_length_shares_one_store_and_moves_up_without_a_copy(tmp_path)
     private = tmp_path / "P"
     assert run_cli_process("compile", "gemma-4-e2b", "--tiny", "--backend", "nxd", *LENGTHS, "--out", str(private),
                            env=standin_env(NEURON_PORT_STANDIN_PRIVATE_STATE="1")).returncode == 0
-    broken = _generate(private, 40, 3)
+    broken = generate_on_standin(private, 40, 3)
     assert broken["self_checks_passed"] is False
 
 

@@ -9,14 +9,11 @@ NxD's real layers run the same pieces at tp 2 in ``tests/nxd/test_nxd_source.py`
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from safetensors import safe_open
 
-from tests.helpers import run_cli_process, standin_env
+from tests.helpers import compile_with_planted_checkpoint, generate_on_standin, run_cli_process, shard_dtypes, standin_env
 
 SHAPE = ["--buckets", "8,16", "--kv-lens", "32"]
 TIGHT = 1e-4
@@ -30,18 +27,6 @@ def _compile(out: Path, name: str, backend: str, *extra: str) -> dict:
     return json.loads(res.stdout)
 
 
-def _generate(artifact: Path) -> dict:
-    res = run_cli_process("generate", str(artifact), "--prompt-len", "10", "--max-new-tokens", "12", "--check", "--json",
-                          env=standin_env())
-    assert res.returncode in (0, 1), res.stderr[-3000:]
-    return json.loads(res.stdout)
-
-
-def _shard_dtypes(artifact: Path) -> dict[str, str]:
-    with safe_open(str(artifact / "rank0" / "weights" / "tp0_sharded_checkpoint.safetensors"), "pt") as f:
-        return {k: str(f.get_slice(k).get_dtype()) for k in f.keys()}
-
-
 @pytest.mark.parametrize("name,backend,quant", [("gemma-4-e2b", "neuron", ["--quant", "int8"]),
                                                 ("gemma-4-e2b", "neuron", ["--quant", "int8", "--quant-head"]),
                                                 ("gemma-4-e4b", "nxd", ["--quant", "int8"]),
@@ -50,12 +35,12 @@ def test_an_int8_artifact_generates_the_quantized_models_tokens_from_a_fresh_pro
     summary = _compile(tmp_path / "A", name, backend, *quant)
     assert summary["quant"] == ("int8+head" if "--quant-head" in quant else "int8")
     assert abs(summary["shard_to_plan"] - 1) < 0.02, summary  # the planner's int8 bytes per core against the shard's
-    dtypes = _shard_dtypes(tmp_path / "A")
+    dtypes = shard_dtypes(tmp_path / "A")
     projections = {k: v for k, v in dtypes.items() if k.endswith("_proj.weight")}
     assert projections and set(projections.values()) == {"I8"}
     assert {v for k, v in dtypes.items() if k.endswith(".scale")} == {"F32"}
     assert dtypes["graph.model.lm_head.weight"] == ("I8" if "--quant-head" in quant else "F32")
-    out = _generate(tmp_path / "A")
+    out = generate_on_standin(tmp_path / "A")
     assert out["backend"] == backend and out["seq_match"] is True and out["self_checks_passed"] is True
     assert out["logit_check"]["max_relative_error"] < TIGHT, out["logit_check"]
     checks = {c["name"]: c for c in out["self_checks"]}
@@ -67,31 +52,15 @@ def test_an_int8_artifact_generates_the_quantized_models_tokens_from_a_fresh_pro
 def test_biased_and_fused_projections_generate_hugging_faces_tokens_on_nxd(name, tmp_path):
     summary = _compile(tmp_path / "A", name, "nxd")
     assert abs(summary["shard_to_plan"] - 1) < 0.02, summary
-    keys = _shard_dtypes(tmp_path / "A")
+    keys = shard_dtypes(tmp_path / "A")
     if name == "qwen2":
         assert "graph.model.model.layers.0.self_attn.k_proj.bias" in keys
     else:  # the fused rows cut into their roles, each its own layer
         assert "graph.model.model.layers.0.self_attn.qkv_proj.k.weight" in keys
         assert not [k for k in keys if k.endswith("qkv_proj.weight")]
-    out = _generate(tmp_path / "A")
+    out = generate_on_standin(tmp_path / "A")
     assert out["seq_match"] is True and out["self_checks_passed"] is True
     assert out["logit_check"]["max_relative_error"] < TIGHT, out["logit_check"]
-
-
-def _compile_planted(plant: str, out: Path, name: str, *extra: str) -> subprocess.CompletedProcess:
-    """``compile`` in a child whose device checkpoint is changed by ``plant`` (Python over ``state``)."""
-    code = ("import sys, torch\n"
-            "import neuron_port.backends.nxd_checkpoint as nxd\n"
-            "original = nxd.nxd_checkpoint\n"
-            "def planted(model, setup, layer_dtype=None):\n"
-            "    state = original(model, setup, layer_dtype)\n"
-            f"    {plant}\n"
-            "    return state\n"
-            "nxd.nxd_checkpoint = planted\n"
-            "from neuron_port.cli.command import main\n"
-            "sys.exit(main(sys.argv[1:]))\n")
-    args = ["compile", name, "--tiny", "--backend", "nxd", *SHAPE, *extra, "--out", str(out)]
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=standin_env(), timeout=600)
 
 
 @pytest.mark.parametrize("name,quant,plant", [
@@ -103,9 +72,10 @@ def test_the_check_fails_when_a_feature_is_dropped(name, quant, plant, tmp_path)
     """Scales that are never applied, an int8 head without its scale, biases dropped: each compiles (the
     shapes and dtypes are right) and each fails the logits check against Hugging Face."""
     flags = {"none": [], "int8": ["--quant", "int8"], "int8+head": ["--quant", "int8", "--quant-head"]}[quant]
-    res = _compile_planted(plant, tmp_path / "A", name, *flags)
+    res = compile_with_planted_checkpoint(plant, name, "--tiny", "--backend", "nxd", *SHAPE, *flags, "--out",
+                                          str(tmp_path / "A"))
     assert res.returncode == 0, res.stderr[-2000:]
-    out = _generate(tmp_path / "A")
+    out = generate_on_standin(tmp_path / "A")
     assert out["self_checks_passed"] is False
     assert out["logit_check"]["max_relative_error"] > out["logit_check"]["tolerance"]
 
@@ -117,7 +87,8 @@ def test_the_check_fails_when_a_feature_is_dropped(name, quant, plant, tmp_path)
 def test_the_stand_in_refuses_a_checkpoint_that_changes_int8_values(plant, refusal, tmp_path):
     """A scale narrowed to bf16 (its precision gone before NxD's cast back to fp32) and an int8 weight handed
     over as float (NxD's cast to int8 would truncate it): refused, nothing left behind."""
-    res = _compile_planted(plant, tmp_path / "A", "gemma-4-e2b", "--quant", "int8")
+    res = compile_with_planted_checkpoint(plant, "gemma-4-e2b", "--tiny", "--backend", "nxd", *SHAPE, "--quant", "int8",
+                                          "--out", str(tmp_path / "A"))
     assert res.returncode != 0 and refusal in res.stderr, res.stderr[-2000:]
     assert not (tmp_path / "A").exists()
 
