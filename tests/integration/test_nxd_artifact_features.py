@@ -1,10 +1,11 @@
 """What the deployable artifact carries on the nxd and neuron backends, end to end on the stand-in Neuron SDK
 (``tests/support/sdk_standin``; a contract test, not a hardware result): int8 projections (NxD's quantized
-layers) with and without an int8 LM head, biased projections (Qwen2) and fused ones (Phi-3). Each is compiled
-in one process and checked by ``generate DIR --check`` in another, against Hugging Face's forward of the same
-model (quantized as the library quantizes it); a planted fault in each feature fails that check, and the
-stand-in refuses a checkpoint that would change an int8 weight's or an fp32 scale's values on the way in.
-NxD's real layers run the same pieces at tp 2 in ``tests/nxd/test_nxd_source.py``."""
+layers) with and without an int8 LM head, biased projections (Qwen2) and fused ones (Phi-3), at tp 1 and 2.
+Each is compiled in one process and checked by ``generate DIR --check`` in another, against Hugging Face's
+forward of the same model (quantized as the library quantizes it); at tp 2 the stand-in runs both cores'
+graphs at once, each on its own shard, meeting at the all-reduces. A planted fault in each feature fails
+that check, and the stand-in refuses a checkpoint that would change an int8 weight's or an fp32 scale's
+values on the way in. NxD's real layers run the same pieces at tp 2 and 4 in ``tests/nxd/test_nxd_source.py``."""
 
 from __future__ import annotations
 
@@ -20,47 +21,92 @@ TIGHT = 1e-4
 """float32 through the same Hugging Face layers: the largest step's logit error over the largest logit."""
 
 
+def phi3_4q2kv(directory: Path) -> str:
+    """A small Phi-3 config.json whose 4 q / 2 kv heads split at tp 2 (the shipped tiny's 6 / 3 straddle; Phi-3-mini
+    itself has 32 / 32)."""
+    from neuron_port.model.configs import config_to_dict, load_config
+
+    raw = config_to_dict(load_config("phi-3", tiny=True))
+    raw.update(num_attention_heads=4, num_key_value_heads=2, hidden_size=64)
+    path = directory / "phi3-4q2kv.json"
+    path.write_text(json.dumps(raw))
+    return str(path)
+
+
 def _compile(out: Path, name: str, backend: str, *extra: str) -> dict:
-    res = run_cli_process("compile", name, "--tiny", "--backend", backend, *SHAPE, *extra, "--out", str(out), "--json",
+    tiny = [] if name.endswith(".json") else ["--tiny"]
+    res = run_cli_process("compile", name, *tiny, "--backend", backend, *SHAPE, *extra, "--out", str(out), "--json",
                           env=standin_env())
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout)
 
 
-@pytest.mark.parametrize("name,backend,quant", [("gemma-4-e2b", "neuron", ["--quant", "int8"]),
-                                                ("gemma-4-e2b", "neuron", ["--quant", "int8", "--quant-head"]),
-                                                ("gemma-4-e4b", "nxd", ["--quant", "int8"]),
-                                                ("gemma-4-12b", "nxd", ["--quant", "int8", "--quant-head"])])
-def test_an_int8_artifact_generates_the_quantized_models_tokens_from_a_fresh_process(name, backend, quant, tmp_path):
-    summary = _compile(tmp_path / "A", name, backend, *quant)
+INT8 = ["--quant", "int8"]
+INT8_HEAD = ["--quant", "int8", "--quant-head"]
+
+
+@pytest.mark.parametrize("name,backend,tp,quant", [("gemma-4-e2b", "neuron", 1, INT8), ("gemma-4-e2b", "neuron", 1, INT8_HEAD),
+                                                   ("gemma-4-e4b", "nxd", 2, INT8), ("gemma-4-e4b", "nxd", 2, INT8_HEAD),
+                                                   ("gemma-4-12b", "nxd", 2, INT8), ("gemma-4-12b", "nxd", 2, INT8_HEAD)])
+def test_an_int8_artifact_generates_the_quantized_models_tokens_from_a_fresh_process(name, backend, tp, quant, tmp_path):
+    summary = _compile(tmp_path / "A", name, backend, "--tp", str(tp), *quant)
     assert summary["quant"] == ("int8+head" if "--quant-head" in quant else "int8")
-    assert abs(summary["shard_to_plan"] - 1) < 0.02, summary  # the planner's int8 bytes per core against the shard's
-    dtypes = shard_dtypes(tmp_path / "A")
-    projections = {k: v for k, v in dtypes.items() if k.endswith("_proj.weight")}
-    assert projections and set(projections.values()) == {"I8"}
-    assert {v for k, v in dtypes.items() if k.endswith(".scale")} == {"F32"}
-    assert dtypes["graph.model.lm_head.weight"] == ("I8" if "--quant-head" in quant else "F32")
+    # the planner's int8 bytes per core against every core's shard
+    assert len(summary["shard_bytes_per_core"]) == tp and abs(summary["shard_to_plan"] - 1) < 0.02, summary
+    assert len(set(summary["shard_bytes_per_core"])) == 1, summary
+    for core in range(tp):
+        dtypes = shard_dtypes(tmp_path / "A", core)
+        projections = {k: v for k, v in dtypes.items() if k.endswith("_proj.weight")}
+        assert projections and set(projections.values()) == {"I8"}
+        assert {v for k, v in dtypes.items() if k.endswith(".scale")} == {"F32"}
+        assert dtypes["graph.model.lm_head.weight"] == ("I8" if "--quant-head" in quant else "F32")
     out = generate_on_standin(tmp_path / "A")
-    assert out["backend"] == backend and out["seq_match"] is True and out["self_checks_passed"] is True
+    assert out["backend"] == backend and out["tp"] == tp
+    assert out["seq_match"] is True and out["self_checks_passed"] is True
     assert out["logit_check"]["max_relative_error"] < TIGHT, out["logit_check"]
     checks = {c["name"]: c for c in out["self_checks"]}
     # random weights: the drift from the float32 model is reported, not judged (its bound is a real checkpoint's)
     assert checks["quant-drift"]["status"] == "skip" and out["quant_check"]["max_relative_error"] > 10 * TIGHT
 
 
-@pytest.mark.parametrize("name", ["qwen2", "phi-3"])
-def test_biased_and_fused_projections_generate_hugging_faces_tokens_on_nxd(name, tmp_path):
-    summary = _compile(tmp_path / "A", name, "nxd")
-    assert abs(summary["shard_to_plan"] - 1) < 0.02, summary
-    keys = shard_dtypes(tmp_path / "A")
+@pytest.mark.parametrize("name,tp", [("qwen2", 1), ("qwen2", 2), ("phi-3", 1), ("phi-3-4q2kv", 2)])
+def test_biased_and_fused_projections_generate_hugging_faces_tokens_on_nxd(name, tp, tmp_path):
+    model = phi3_4q2kv(tmp_path) if name == "phi-3-4q2kv" else name
+    summary = _compile(tmp_path / "A", model, "nxd", "--tp", str(tp))
+    assert len(summary["shard_bytes_per_core"]) == tp and abs(summary["shard_to_plan"] - 1) < 0.02, summary
+    keys = shard_dtypes(tmp_path / "A", tp - 1)
     if name == "qwen2":
         assert "graph.model.model.layers.0.self_attn.k_proj.bias" in keys
     else:  # the fused rows cut into their roles, each its own layer
         assert "graph.model.model.layers.0.self_attn.qkv_proj.k.weight" in keys
         assert not [k for k in keys if k.endswith("qkv_proj.weight")]
     out = generate_on_standin(tmp_path / "A")
-    assert out["seq_match"] is True and out["self_checks_passed"] is True
+    assert out["tp"] == tp and out["seq_match"] is True and out["self_checks_passed"] is True
+    assert out["tokens"] == out["reference_tokens"]
     assert out["logit_check"]["max_relative_error"] < TIGHT, out["logit_check"]
+
+
+def test_the_phi3_tiny_that_straddles_kv_groups_is_refused_at_tp_2(tmp_path):
+    """The shipped tiny Phi-3 (6 q / 3 kv) at tp 2: each core's queries straddle a KV group, which one SPMD graph
+    cannot carry as constants; refused before tracing, with the tp that would work, nothing left behind."""
+    res = run_cli_process("compile", "phi-3", "--tiny", "--backend", "nxd", "--tp", "2", *SHAPE, "--out",
+                          str(tmp_path / "A"), env=standin_env())
+    assert res.returncode != 0 and "straddles KV groups" in res.stderr and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert not (tmp_path / "A").exists()
+
+
+def test_the_check_fails_when_the_cores_hold_each_others_part_of_one_layer(tmp_path):
+    """At tp 2 every core runs the same graph on its own shard: hand core 0 core 1's part of one row-parallel
+    projection (and core 1 core 0's) and the all-reduced sum is wrong, so the check fails; the shapes and
+    dtypes are all right, so only running each core's own part could have passed."""
+    plant = ("w = state['model.layers.0.self_attn.o_proj.weight']; h = w.shape[1] // 2; "
+             "state['model.layers.0.self_attn.o_proj.weight'] = torch.cat([w[:, h:], w[:, :h]], 1)")
+    res = compile_with_planted_checkpoint(plant, "gemma-4-e4b", "--tiny", "--backend", "nxd", "--tp", "2", *SHAPE,
+                                          "--out", str(tmp_path / "A"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = generate_on_standin(tmp_path / "A")
+    assert out["self_checks_passed"] is False
+    assert out["logit_check"]["max_relative_error"] > out["logit_check"]["tolerance"]
 
 
 @pytest.mark.parametrize("name,quant,plant", [

@@ -1,18 +1,7 @@
-"""Tensor-parallel linears at tp 1, where they are plain linears (the stand-in runs one rank)."""
+"""Stand-in of NxD's tensor-parallel linears (``layers.py``), sized for the world ModelBuilder traces at."""
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from neuronx_distributed.parallel_layers.layers import ColumnParallelLinear, RowParallelLinear
 
-
-class ColumnParallelLinear(nn.Linear):
-    def __init__(self, input_size: int, output_size: int, bias: bool = True, gather_output: bool = True,
-                 dtype: torch.dtype = torch.float32, **kwargs):
-        super().__init__(input_size, output_size, bias=bias, dtype=dtype)
-
-
-class RowParallelLinear(nn.Linear):
-    def __init__(self, input_size: int, output_size: int, bias: bool = True, input_is_parallel: bool = False,
-                 dtype: torch.dtype = torch.float32, **kwargs):
-        super().__init__(input_size, output_size, bias=bias, dtype=dtype)
+__all__ = ["ColumnParallelLinear", "RowParallelLinear"]
