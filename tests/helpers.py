@@ -179,6 +179,22 @@ def compile_with_planted_checkpoint(plant: str, *compile_args: str) -> subproces
                           env=standin_env(), timeout=600)
 
 
+STANDIN_SHAPE = ["--buckets", "8,16", "--kv-lens", "32"]
+"""Two prompt buckets and one KV length: small enough for a stand-in compile in seconds."""
+
+
+def compile_on_standin(out: Path, name: str, backend: str, *extra: str) -> dict:
+    """``neuron-port compile NAME --backend BACKEND`` at :data:`STANDIN_SHAPE` in a child with the stand-in SDK
+    (``--tiny`` unless NAME is a config.json); its JSON summary."""
+    import json
+
+    tiny = [] if name.endswith(".json") else ["--tiny"]
+    res = run_cli_process("compile", name, *tiny, "--backend", backend, *STANDIN_SHAPE, *extra, "--out", str(out), "--json",
+                          env=standin_env())
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout)
+
+
 def generate_on_standin(artifact: Path, new_tokens: int = 12, prompt_len: int = 10, check: bool = True) -> dict:
     """``neuron-port generate ARTIFACT --json`` (with ``--check`` unless ``check`` is False) in a fresh process
     with the stand-in SDK; its JSON. A failed check (exit 1) still returns what it printed."""
