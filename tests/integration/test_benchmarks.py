@@ -52,7 +52,7 @@ def test_every_benchmark_has_a_smoke_test_and_a_readme_entry():
     # (the xla virtualenv)
     tested = {"host_overhead.py", "decode_vs_hf.py", "kv_memory.py", "slim_rss.py", "host_step.py", "cpu_backend.py",
               "xla_lowering.py", "decode_cost.py", "serve_load.py", "bf16_accuracy.py", "weights_once.py", "nxd_build_memory.py",
-              "lm_eval_parity.py", "int8_accuracy.py"}
+              "lm_eval_parity.py", "int8_accuracy.py", "shard_vs_plan.py"}
     assert set(SCRIPTS) <= tested, f"no smoke test for {set(SCRIPTS) - tested}"
 
 
@@ -150,6 +150,13 @@ def test_nxd_build_memory_smoke():
     out = _run("nxd_build_memory.py", "--smoke", "--json")
     assert out["graph_keys"] == 2 and _positive(out["weight_bytes"], out["library_build_added_bytes"],
                                                  out["peer_build_added_bytes"], out["library_to_peer"])
+
+
+def test_shard_vs_plan_smoke():
+    out = _run("shard_vs_plan.py", "--smoke", "--json")
+    assert out["layers"] == 2 and out["tp"] == 2 and len(out["shard_bytes_per_core"]) == 2
+    assert _positive(out["plan_weight_bytes_per_core"], out["full_plan_weight_bytes_per_core"], out["peak_rss_bytes"])
+    assert out["full_plan_weight_bytes_per_core"] > out["plan_weight_bytes_per_core"]  # the cut config is the smaller
 
 
 def test_weights_once_on_real_weights(smollm2_dir):
