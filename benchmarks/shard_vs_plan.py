@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> dict:
         config.write_text(json.dumps(cut_config(args.model, layers, args.smoke)))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(STANDIN), str(ROOT)]))
         before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        built = _cli("compile", str(config), "--backend", "nxd", *common, "--buckets", "128", "--kv-lens", "256",
-                     "--out", str(Path(work) / "artifact"), "--json", env=env)
+        built = _cli("compile", str(config), "--random-weights", "--backend", "nxd", *common, "--buckets", "128",
+                     "--kv-lens", "256", "--out", str(Path(work) / "artifact"), "--json", env=env)
         if built.returncode != 0:
             raise SystemExit(built.stderr[-3000:])
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss

@@ -56,6 +56,11 @@ class MissingExtraError(NeuronPortError, ImportError):
     """An optional extra the command needs is not installed."""
 
 
+class ModelSourceError(NeuronPortError, ValueError):
+    """A model that cannot be had where it was named: a Hugging Face id not cached while offline, gated,
+    missing or at a revision that does not exist, or a config with no weights where real ones are needed."""
+
+
 class PretrainedUnavailableError(NeuronPortError, RuntimeError):
     """A real checkpoint whose package (or the GGUF readers) is not installed."""
 

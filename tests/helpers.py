@@ -148,6 +148,21 @@ def write_tiny_artifact(model, out_dir: Path, source: dict, buckets=(32,), kv_le
     return write_artifact(out_dir, model, source, RankSetup.for_layout(describe(model), 1), PortShape(buckets, kv_lens))
 
 
+def hub_cache(cache: Path, repo_id: str, source: Path, revision: str = "main", commit: str = "0" * 40) -> Path:
+    """A Hugging Face hub cache laid out on disk as ``huggingface_hub`` writes one (no network): under
+    ``cache``, ``models--{owner}--{name}/refs/{revision}`` naming ``commit``, and that commit's snapshot holding
+    links to ``source``'s files. Point ``HF_HUB_CACHE`` at ``cache``; returns the snapshot directory."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for f in Path(source).iterdir():
+        if f.is_file():
+            (snapshot / f.name).symlink_to(f.resolve())
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / revision).write_text(commit)
+    return snapshot
+
+
 STANDIN_SDK = Path(__file__).parent / "support" / "sdk_standin"
 
 
@@ -188,7 +203,7 @@ def compile_on_standin(out: Path, name: str, backend: str, *extra: str) -> dict:
     (``--tiny`` unless NAME is a config.json); its JSON summary."""
     import json
 
-    tiny = [] if name.endswith(".json") else ["--tiny"]
+    tiny = ["--random-weights"] if name.endswith(".json") else ["--tiny"]
     res = run_cli_process("compile", name, *tiny, "--backend", backend, *STANDIN_SHAPE, *extra, "--out", str(out), "--json",
                           env=standin_env())
     assert res.returncode == 0, res.stderr[-3000:]

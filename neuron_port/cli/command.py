@@ -30,6 +30,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "model", None) is not None:
+            from neuron_port.cli.commands.common import resolve_model_argument
+
+            resolve_model_argument(args)
         return int(args.func(args) or 0)
     except (NeuronPortError, FileNotFoundError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)

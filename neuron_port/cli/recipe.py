@@ -19,7 +19,8 @@ def recipe_parser(description: str, tp: int | None = None) -> argparse.ArgumentP
     from neuron_port.cli.quant_flags import QuantFlagsParser, add_quant_option
 
     ap = QuantFlagsParser(description=description)
-    ap.add_argument("--model-dir", help="a local model directory with real weights (default: tiny random weights)")
+    ap.add_argument("--model-dir", help="real weights: a local model directory or a Hugging Face id through the hub "
+                                        "cache (default: tiny random weights)")
     ap.add_argument(
         "--backend",
         default="cpu",
@@ -51,8 +52,11 @@ def load_checked(name: str, model_dir: str | None, dtype: str = "fp32", quant: s
     ``bf16``), weights in ``quant`` (:data:`~neuron_port.model.quant.QUANT_SCHEMES`).
 
     Returns the model and its source record; prints which tensors, if any, differ."""
+    from neuron_port.model.hub import resolve_model
     from neuron_port.model.loading import load_source, parse_dtype
 
+    if model_dir:
+        model_dir = resolve_model(model_dir)  # a hub id becomes its cached snapshot directory
     model, source = load_source(model_dir or name, tiny=model_dir is None, dtype=parse_dtype(dtype), quant=quant)
     if model_dir:
         from neuron_port.checks.loader_check import loader_mismatches

@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 from neuron_port.cli.commands.common import (
+    MODEL_HELP,
     add_dtype_option,
+    add_model_source_options,
     add_prompt_options,
     emit_generation,
     int_list,
@@ -110,8 +112,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def add(sub) -> None:
     p = sub.add_parser("compile", help="compile the two graphs into a verified artifact directory")
-    p.add_argument("model")
-    p.add_argument("--tiny", action="store_true")
+    p.add_argument("model", help=MODEL_HELP)
+    p.add_argument("--tiny", action="store_true", help="random weights on the tiny variant of a config")
+    add_model_source_options(p, weights=True)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--backend", default="cpu", choices=["cpu", "neuron", "nxd"],
                    help="cpu (TorchScript), neuron (one NeuronCore: neuronx-distributed's ModelBuilder at tp 1) or nxd "

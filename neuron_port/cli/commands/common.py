@@ -13,6 +13,37 @@ def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2))
 
 
+MODEL_HELP = ("a Hugging Face model id (google/gemma-4-E2B-it: through the hub cache; HF_HUB_OFFLINE, HF_TOKEN and "
+              "HF_HOME are read), a local model directory (config.json + safetensors), a config.json, or a shipped "
+              "name (random weights: with --tiny)")
+
+
+def add_model_source_options(p: argparse.ArgumentParser, weights: bool) -> None:
+    """``--revision`` (a hub id's branch, tag or commit) and, for a command that builds weights, ``--random-weights``
+    (a shipped name or config.json at full size with random weights, which is refused without it)."""
+    p.add_argument("--revision", default=None, help="a Hugging Face id's branch, tag or commit (default: main)")
+    if weights:
+        p.add_argument("--random-weights", action="store_true",
+                       help="build a shipped name or config.json at its full size with random weights (memory and "
+                            "speed trials only: the output is noise); without it a model given by config needs --tiny")
+
+
+def resolve_model_argument(args: argparse.Namespace) -> None:
+    """``args.model`` as the loaders take it (a hub id becomes its snapshot directory), resolved once; and, for a
+    command that builds weights, a full-size config without weights refused unless ``--random-weights``."""
+    from neuron_port.errors import ModelSourceError
+    from neuron_port.model.configs import HUB_IDS
+    from neuron_port.model.hub import resolve_model
+
+    args.model = resolve_model(args.model, getattr(args, "revision", None))
+    if not hasattr(args, "random_weights") or Path(args.model).is_dir() or args.tiny or args.random_weights:
+        return
+    real = f" (its real weights: {HUB_IDS[args.model]})" if args.model in HUB_IDS else ""
+    raise ModelSourceError(f"{args.model} is a config, not weights{real}: give a Hugging Face id or a local model "
+                           "directory for real weights, --tiny for a small random model, or --random-weights for random "
+                           "weights at full size")
+
+
 def int_list(text: str) -> list[int]:
     """argparse type: ``"32,64,128"`` -> [32, 64, 128] (positive integers)."""
     try:

@@ -6,7 +6,15 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from neuron_port.cli.commands.common import add_dtype_option, add_prompt_options, emit_generation, int_list, prompt_from_args
+from neuron_port.cli.commands.common import (
+    MODEL_HELP,
+    add_dtype_option,
+    add_model_source_options,
+    add_prompt_options,
+    emit_generation,
+    int_list,
+    prompt_from_args,
+)
 from neuron_port.cli.quant_flags import add_quant_option
 
 
@@ -132,8 +140,9 @@ def _check_rows(out: dict[str, Any], model, prompts: list[list[int]], tokens: li
 
 def add(sub) -> None:
     p = sub.add_parser("port", help="build the two-graph port and generate (optionally check against HF generate)")
-    p.add_argument("model", help="a shipped name or a local model directory (config.json + safetensors)")
-    p.add_argument("--tiny", action="store_true", help="random weights on the tiny variant")
+    p.add_argument("model", help=MODEL_HELP)
+    p.add_argument("--tiny", action="store_true", help="random weights on the tiny variant of a config")
+    add_model_source_options(p, weights=True)
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (gloo ranks on this machine)")
     p.add_argument("--backend", default="cpu", choices=["cpu", "neuron", "xla"],
                    help="cpu: eager graphs (gloo ranks at tp > 1); xla: through torch-xla (PJRT_DEVICE=CPU, SPMD at "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 
-from neuron_port.cli.commands.common import add_dtype_option, int_list
+from neuron_port.cli.commands.common import MODEL_HELP, add_dtype_option, add_model_source_options, int_list
 from neuron_port.cli.quant_flags import add_quant_option
 from neuron_port.errors import MissingExtraError
 
@@ -26,8 +26,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def add(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the 'serve' extra)")
-    p.add_argument("model", help="a shipped name, a model directory or an artifact directory")
-    p.add_argument("--tiny", action="store_true")
+    p.add_argument("model", help=MODEL_HELP + "; or an artifact directory")
+    p.add_argument("--tiny", action="store_true", help="random weights on the tiny variant of a config")
+    add_model_source_options(p, weights=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)

@@ -34,6 +34,19 @@ _SHIPPED_FILES = {
 }
 SHIPPED = tuple(_SHIPPED_FILES)
 
+HUB_IDS = {
+    "gemma-4-e2b": "google/gemma-4-E2B-it",
+    "gemma-4-e4b": "google/gemma-4-E4B-it",
+    "gemma-4-12b": "google/gemma-4-12B-it",
+    "llama": "meta-llama/Llama-3.2-1B-Instruct",
+    "qwen3": "Qwen/Qwen3-0.6B",
+    "mistral": "mistralai/Mistral-7B-v0.1",
+    "qwen2": "Qwen/Qwen2-0.5B-Instruct",
+    "gemma-3": "google/gemma-3-1b-it",
+    "phi-3": "microsoft/Phi-3-mini-4k-instruct",
+}
+"""Shipped name -> the Hugging Face id of the checkpoint whose config it reproduces (its real weights)."""
+
 
 def shipped_names() -> list[str]:
     return list(SHIPPED)
@@ -98,4 +111,4 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     return family_for(config.model_type).config_to_dict(config)
 
 
-__all__ = ["SHIPPED", "load_config", "load_config_dict", "tiny_config_dict", "config_to_dict", "shipped_names"]
+__all__ = ["SHIPPED", "HUB_IDS", "load_config", "load_config_dict", "tiny_config_dict", "config_to_dict", "shipped_names"]

@@ -1,0 +1,52 @@
+"""Where a command's model comes from: a Hugging Face id through the hub cache (laid out on disk here, offline),
+a local directory, or a config, whose random weights at full size are refused unless asked for."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.helpers import hub_cache, run_cli, run_cli_process
+
+
+@pytest.mark.parametrize("command", [["port"], ["compile", "--out", "OUT"], ["serve"]])
+def test_a_shipped_name_without_tiny_is_refused_naming_its_real_weights(command, tmp_path):
+    args = [a if a != "OUT" else str(tmp_path / "A") for a in command]
+    res = run_cli(args[0], "gemma-4-e2b", *args[1:])
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "google/gemma-4-E2B-it" in res.stderr and "--tiny" in res.stderr and "--random-weights" in res.stderr
+    assert not (tmp_path / "A").exists()
+
+
+def test_random_weights_at_full_size_only_when_asked(tmp_path):
+    config = tmp_path / "config.json"
+    from neuron_port.model.configs import config_to_dict, load_config
+
+    config.write_text(json.dumps(config_to_dict(load_config("llama", tiny=True))))
+    refused = run_cli("port", str(config), "--prompt-len", "4", "--max-new-tokens", "2")
+    assert refused.returncode == 2 and "is a config, not weights" in refused.stderr
+    ran = run_cli("port", str(config), "--random-weights", "--prompt-len", "4", "--max-new-tokens", "2", "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert len(json.loads(ran.stdout)["tokens"]) == 2
+
+
+@pytest.mark.slow
+def test_a_hub_id_from_the_cache_compiles_and_generates_offline(smollm2_dir, tmp_path):
+    """SmolLM2 under its hub id in an on-disk hub cache, downloads off: compile in one process, generate the
+    real model's text in another (the id resolved to the cached snapshot, tokenizer included)."""
+    cache = tmp_path / "hub"
+    snapshot = hub_cache(cache, "HuggingFaceTB/SmolLM2-135M-Instruct", smollm2_dir)
+    env = dict(os.environ, HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1")
+    res = run_cli_process("compile", "HuggingFaceTB/SmolLM2-135M-Instruct", "--backend", "cpu", "--buckets", "16",
+                          "--kv-lens", "64", "--out", str(tmp_path / "A"), "--json", env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    manifest = json.loads((tmp_path / "A" / "manifest.json").read_text())
+    assert manifest["source"]["path"] == str(snapshot.resolve())
+    res = run_cli_process("generate", str(tmp_path / "A"), "--prompt", "The capital of France is", "--max-new-tokens",
+                          "4", "--json", env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout)["text"].startswith(" Paris")
+    absent = run_cli_process("compile", "HuggingFaceTB/absent", "--out", str(tmp_path / "B"), env=env)
+    assert absent.returncode == 2 and "HF_HUB_OFFLINE=1" in absent.stderr and "Traceback" not in absent.stderr
