@@ -81,6 +81,10 @@ class GoldenMismatchError(NeuronPortError, ValueError):
     """A golden whose checkpoint is not the model under test's."""
 
 
+class ServeError(NeuronPortError, RuntimeError):
+    """A server that cannot serve: its model failed to load, or it was given a setting it cannot run with."""
+
+
 class QueueFull(NeuronPortError, RuntimeError):
     """The server's queue holds as many requests as it may: the request is refused (HTTP 429)."""
 

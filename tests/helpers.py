@@ -62,10 +62,12 @@ def run_cli_commands(*commands: list[str], timeout: float = 600, env: dict[str, 
 
 
 class ServerProcess:
-    """``neuron-port serve ARGS`` on a free 127.0.0.1 port, started and stopped by the test."""
+    """``neuron-port serve ARGS`` on a free 127.0.0.1 port, started and stopped by the test. Its output goes to a
+    file (a pipe nobody reads would fill with the access log and stall the server): :meth:`output`."""
 
     def __init__(self, *args: str, timeout: float = 120, env: dict[str, str] | None = None):
         import socket
+        import tempfile
         import time
         import urllib.request
 
@@ -73,14 +75,15 @@ class ServerProcess:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.base = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="neuron-port-serve-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "neuron_port", "serve", *args, "--port", str(self.port)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            stdout=self.log, stderr=subprocess.STDOUT, text=True, env=env,
         )
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early: {self.proc.stdout.read()}")
+                raise RuntimeError(f"server exited early: {self.output()}")
             try:
                 with urllib.request.urlopen(self.base + "/health", timeout=2) as r:
                     if r.status == 200:
@@ -90,9 +93,16 @@ class ServerProcess:
         self.stop()
         raise RuntimeError("server did not become healthy in time")
 
-    def stop(self) -> int:
+    def output(self) -> str:
+        """What the server printed so far (its log lines, then whatever it said on leaving)."""
+        return Path(self.log.name).read_text(errors="replace")
+
+    def stop(self, sig: int | None = None) -> int:
+        """Send ``sig`` (default SIGTERM: a drain) and wait for the exit; its status."""
+        import signal
+
         if self.proc.poll() is None:
-            self.proc.terminate()
+            self.proc.send_signal(signal.SIGTERM if sig is None else sig)
             try:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:

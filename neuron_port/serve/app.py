@@ -26,7 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from neuron_port.errors import NeuronPortError, QueueFull, Rejected
+from neuron_port.errors import NeuronPortError, QueueFull, Rejected, ServeError
 from neuron_port.serve.admission import admit
 from neuron_port.serve.engine import Submission
 from neuron_port.serve.http import BodyLimit, FrontDoor, documented_openapi, validation_message
@@ -169,15 +169,35 @@ def build_app(load: Callable[[], Served], api_key: str | None = None, max_body_b
     return ServerApp(load, api_key, max_body_bytes).app
 
 
-def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_timeout_s: float = 60.0) -> None:
-    """Run with uvicorn. SIGTERM starts a drain: health and new ``/v1`` requests answer 503 (with
-    ``Retry-After``) while the requests already accepted finish; then the server exits with status 0."""
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def ready_line(served: Served, host: str, port: int) -> str:
+    """What the server says once its model is loaded: where, what, and the limits a client meets."""
+    return (f"neuron-port: serving {served.model_id} on http://{host}:{port} (OpenAI API under /v1): "
+            f"{served.engine.max_batch} slots, prompts up to {served.max_prompt} tokens (buckets {served.buckets}), "
+            f"context {served.kv_len}")
+
+
+def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_timeout_s: float = 60.0,
+          log_level: str = "info", model_name: str | None = None) -> None:
+    """Run with uvicorn, as uvicorn and vLLM behave: a line when the model starts loading and one when it is
+    served (address, model, limits), an access log at ``log_level`` ``info`` and below, and a drain on
+    SIGTERM or the first Ctrl-C: health and new ``/v1`` requests answer 503 (with ``Retry-After``) while the
+    requests already accepted finish, then the server returns (a second Ctrl-C stops at once). A model that
+    fails to load stops the server at once: :class:`~neuron_port.errors.ServeError`, one line."""
+    import logging
     import signal
     import time
 
     import uvicorn
 
+    if log_level not in LOG_LEVELS:
+        raise ServeError(f"log level {log_level!r}: expected one of {', '.join(LOG_LEVELS)}")
     state = app.state.neuron_port
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=log_level in ("info", "debug"),
+                            timeout_graceful_shutdown=drain_timeout_s)  # sets up uvicorn's loggers
+    log = logging.getLogger("uvicorn.error")
 
     def drained() -> bool:
         served = state["served"]
@@ -185,9 +205,11 @@ def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_timeout
 
     class DrainingServer(uvicorn.Server):
         def handle_exit(self, sig, frame):
-            if sig != signal.SIGTERM or state["draining"]:
-                return super().handle_exit(sig, frame)
-            state["draining"] = True
+            if sig not in (signal.SIGTERM, signal.SIGINT) or state["draining"]:
+                return super().handle_exit(sig, frame)  # a second signal: uvicorn stops now
+            state["draining"] = True  # not passed on: uvicorn would raise the signal again once it stops
+            log.info("neuron-port: draining (%s): finishing the requests already accepted, refusing new ones",
+                     signal.Signals(sig).name)
 
             def wait_then_exit() -> None:
                 deadline = time.monotonic() + drain_timeout_s
@@ -198,10 +220,26 @@ def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_timeout
 
             threading.Thread(target=wait_then_exit, name="neuron-port-drain", daemon=True).start()
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=drain_timeout_s)
-    DrainingServer(config).run()
+    server = DrainingServer(config)
+    failed: list[str] = []
+
+    def announce() -> None:
+        while state["served"] is None and state["error"] is None:
+            time.sleep(0.05)
+        if state["error"] is not None:
+            failed.append(state["error"])
+            server.should_exit = True  # nothing to serve: stop rather than answer 503 for ever
+        else:
+            log.info(ready_line(state["served"], host, port))
+
+    log.info("neuron-port: loading %s", model_name or "the model")
+    threading.Thread(target=announce, name="neuron-port-announce", daemon=True).start()
+    server.run()
     if state["served"] is not None:
         state["served"].engine.close()  # a tensor-parallel artifact's follower ranks leave with it
+    if failed:
+        reason = " ".join(failed[0].split())
+        raise ServeError(f"could not load {model_name or 'the model'}: {reason}")
 
 
-__all__ = ["ServerApp", "build_app", "serve", "DEFAULT_BODY_LIMIT"]
+__all__ = ["ServerApp", "build_app", "serve", "ready_line", "LOG_LEVELS", "DEFAULT_BODY_LIMIT"]

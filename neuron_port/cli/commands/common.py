@@ -32,11 +32,12 @@ def resolve_model_argument(args: argparse.Namespace) -> None:
     """``args.model`` as the loaders take it (a hub id becomes its snapshot directory), resolved once; and, for a
     command that builds weights, a full-size config without weights refused unless ``--random-weights``."""
     from neuron_port.errors import ModelSourceError
-    from neuron_port.model.configs import HUB_IDS
+    from neuron_port.model.configs import HUB_IDS, SHIPPED
     from neuron_port.model.hub import resolve_model
 
     args.model = resolve_model(args.model, getattr(args, "revision", None))
-    if not hasattr(args, "random_weights") or Path(args.model).is_dir() or args.tiny or args.random_weights:
+    is_config = args.model in SHIPPED or Path(args.model).is_file()  # anything else: a directory, or the loader says
+    if not hasattr(args, "random_weights") or not is_config or args.tiny or args.random_weights:
         return
     real = f" (its real weights: {HUB_IDS[args.model]})" if args.model in HUB_IDS else ""
     raise ModelSourceError(f"{args.model} is a config, not weights{real}: give a Hugging Face id or a local model "

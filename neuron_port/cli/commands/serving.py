@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import sys
 
 from neuron_port.cli.commands.common import MODEL_HELP, add_dtype_option, add_model_source_options, int_list
 from neuron_port.cli.quant_flags import add_quant_option
@@ -20,7 +21,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                              max_batch=args.max_batch, max_queue=args.max_queue, buckets=tuple(args.buckets),
                              kv_lens=tuple(args.kv_lens), batching=args.batching, dtype=args.dtype,
                              quant=args.quant)
-    serve(build_app(load, api_key=args.api_key, max_body_bytes=args.max_body_bytes), host=args.host, port=args.port)
+    try:
+        serve(build_app(load, api_key=args.api_key, max_body_bytes=args.max_body_bytes), host=args.host, port=args.port,
+              log_level=args.log_level, model_name=args.model)
+    except KeyboardInterrupt:  # Ctrl-C before the server took over its signals
+        print("neuron-port: stopped", file=sys.stderr)
     return 0
 
 
@@ -32,6 +37,8 @@ def add(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level; info and debug add an access log line per request (default: info)")
     p.add_argument("--slim", action="store_true", help="keep only embeddings and compiled graphs on the host")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
     p.add_argument("--max-queue", type=int, default=64, help="waiting requests beyond this get 429")
