@@ -20,6 +20,8 @@ from neuron_port.serve.loading import Served
 from neuron_port.serve.schemas import ChatRequest, CommonFields
 
 DEFAULT_MAX_TOKENS = 16
+"""New tokens of a completion (``/v1/completions``) that names no ``max_tokens``, as OpenAI's legacy API and vLLM
+default; a chat completion runs to the context instead, as both do."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,7 @@ def checked_prompts(served: Served, body: CommonFields) -> list[list[int]]:
     return prompts
 
 
-def _max_tokens(served: Served, body: CommonFields, prompt_len: int) -> int:
+def _max_tokens(served: Served, body: CommonFields, prompt_len: int, chat: bool) -> int:
     asked = getattr(body, "max_completion_tokens", None)
     param = "max_completion_tokens" if asked is not None else "max_tokens"
     room = served.kv_len - prompt_len
@@ -120,7 +122,9 @@ def _max_tokens(served: Served, body: CommonFields, prompt_len: int) -> int:
     if room < 1 and explicit != 0:
         raise Rejected(400, f"the prompt of {prompt_len} tokens fills the context of {served.kv_len} tokens: no room for "
                             "new tokens", param="prompt")
-    wanted = explicit if explicit is not None else min(DEFAULT_MAX_TOKENS, room)
+    if explicit is None:  # a chat runs to the context (it stops at its end-of-turn), a completion to 16 tokens
+        return room if chat else min(DEFAULT_MAX_TOKENS, room)
+    wanted = explicit
     if prompt_len + wanted > served.kv_len:
         raise Rejected(400, f"{param} {wanted} with a prompt of {prompt_len} tokens exceeds the context of "
                             f"{served.kv_len} tokens (at most {served.kv_len - prompt_len} new tokens)", param=param)
@@ -142,7 +146,7 @@ def admit(served: Served, body: CommonFields, chat: bool) -> Admitted:
     if len(prompts) * body.n > served.engine.max_queue:
         raise Rejected(400, f"{len(prompts)} prompts x n {body.n} = {len(prompts) * body.n} choices, more than the "
                             f"server queues at once ({served.engine.max_queue})", param="prompt")
-    max_tokens = [_max_tokens(served, body, len(ids)) for ids in prompts]
+    max_tokens = [_max_tokens(served, body, len(ids), chat) for ids in prompts]
     stops = () if body.stop is None else ((body.stop,) if isinstance(body.stop, str) else tuple(body.stop))
     if stops and served.tokenizer is None:
         raise Rejected(400, "stop strings need a tokenizer, and this model has none", param="stop")

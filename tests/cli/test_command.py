@@ -2,6 +2,7 @@
 module, each routed to a handler; and the shared argument types."""
 
 import argparse
+import json
 import re
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from neuron_port.cli.command import build_parser
 from neuron_port.cli.commands import MODULES, artifacts, doctor, inspect, porting, serving
 from neuron_port.cli.commands.common import int_list
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_cli
 
 GROUPS = {"describe": inspect, "shard-plan": inspect, "plan": inspect, "lint": inspect, "port": porting,
           "compile": artifacts, "generate": artifacts, "doctor": doctor, "serve": serving}
@@ -32,3 +33,24 @@ def test_int_lists_take_positive_integers_only():
     for bad, words in (("32,x", "comma-separated integers"), ("0,8", "positive integers"), ("", "positive integers")):
         with pytest.raises(argparse.ArgumentTypeError, match=words):
             int_list(bad)
+
+
+def test_a_run_cut_by_the_context_says_so_in_one_warning_line():
+    cut = run_cli("port", "gemma-4-e2b", "--tiny", "--buckets", "16", "--kv-len", "32", "--prompt-len", "8",
+                  "--max-new-tokens", "40", "--json")
+    assert cut.returncode == 0, cut.stderr
+    out = json.loads(cut.stdout)
+    assert out["finish_reason"] == "length" and out["new_tokens"] < 40
+    warnings = [line for line in cut.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == [f"warning: stopped at the end of the context after {out['new_tokens']} of the 40 new tokens "
+                        "asked for (prompt 8 tokens); build with a longer KV length (--kv-len, --kv-lens) for more"]
+    whole = run_cli("port", "gemma-4-e2b", "--tiny", "--buckets", "16", "--kv-len", "32", "--prompt-len", "8",
+                    "--max-new-tokens", "4", "--json")
+    assert whole.returncode == 0 and "warning:" not in whole.stderr
+
+
+def test_compile_says_the_prompt_and_context_lengths_it_chose(tmp_path):
+    res = run_cli("compile", "gemma-4-e2b", "--tiny", "--buckets", "8,16", "--kv-lens", "32,64", "--out", str(tmp_path / "A"))
+    assert res.returncode == 0, res.stderr
+    assert "prompts up to 16 tokens (buckets [8, 16], --buckets), context 64 tokens (KV lengths [32, 64], --kv-lens)" \
+        in res.stdout

@@ -42,3 +42,21 @@ def test_which_requests_score_their_prompts():
 
     assert scores_prompts(body(echo=True, logprobs=0)) and scores_prompts(body(echo=True, max_tokens=0))
     assert not scores_prompts(body(echo=True)) and not scores_prompts(body(logprobs=2))
+
+
+def test_an_unset_max_tokens_runs_a_chat_to_the_context_and_a_completion_to_16():
+    """As OpenAI and vLLM: a chat completion without max_tokens may fill the context (it stops at its end of
+    turn), a legacy completion stops after 16 tokens; either is cut to the room the prompt leaves."""
+    from types import SimpleNamespace
+
+    from neuron_port.serve.admission import DEFAULT_MAX_TOKENS, _max_tokens
+    from neuron_port.serve.schemas import ChatRequest
+
+    served = SimpleNamespace(kv_len=64)
+    chat = ChatRequest(model="m", messages=[{"role": "user", "content": "hi"}])
+    completion = CompletionRequest(model="m", prompt=[1, 2])
+    assert _max_tokens(served, chat, 10, chat=True) == 54
+    assert _max_tokens(served, completion, 10, chat=False) == DEFAULT_MAX_TOKENS == 16
+    assert _max_tokens(served, completion, 60, chat=False) == 4
+    assert _max_tokens(served, ChatRequest(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=5), 10,
+                       chat=True) == 5

@@ -47,7 +47,9 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     if args.json:
         print_json(summary)
     else:
-        print(f"artifact written to {summary['out']} ({summary['files']} files, backend {args.backend}, tp {args.tp})")
+        print(f"artifact written to {summary['out']} ({summary['files']} files, backend {args.backend}, tp {args.tp}): "
+              f"prompts up to {max(summary['buckets'])} tokens (buckets {summary['buckets']}, --buckets), context "
+              f"{max(summary['kv_lens'])} tokens (KV lengths {summary['kv_lens']}, --kv-lens)")
     return 0
 
 

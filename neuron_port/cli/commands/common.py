@@ -75,6 +75,16 @@ def prompt_from_args(args: argparse.Namespace, source: str, vocab: int, bos: int
     return random_prompt(vocab, args.prompt_len, args.seed, bos)
 
 
+def context_warning(out: dict[str, Any], asked: int | None) -> str | None:
+    """The one line that says a run stopped at the end of its context before the new tokens asked for (None if
+    it did not): its ``finish_reason`` is ``length`` either way, and a shorter answer than asked would be silent."""
+    made = out.get("new_tokens")
+    if asked is None or made is None or made >= asked or out.get("finish_reason") != "length":
+        return None
+    return (f"warning: stopped at the end of the context after {made} of the {asked} new tokens asked for (prompt "
+            f"{out.get('prompt_tokens', '?')} tokens); build with a longer KV length (--kv-len, --kv-lens) for more")
+
+
 def emit_generation(out: dict[str, Any], args: argparse.Namespace) -> int:
     """Print a generation result (JSON or key: value lines, plus SEQ_MATCH with --check); the exit code."""
     if args.json:
@@ -84,6 +94,9 @@ def emit_generation(out: dict[str, Any], args: argparse.Namespace) -> int:
             print(f"{key}: {value}")
         if args.check:
             print(f"SEQ_MATCH {out['seq_match']}")
+    warning = context_warning(out, getattr(args, "max_new_tokens", None))
+    if warning:
+        print(warning, file=sys.stderr)
     for check in out.get("self_checks", []):
         if check["status"] == "fail":
             print(f"error: self-check {check['name']} failed: {check['detail']}\n  fix: {check['fix']}", file=sys.stderr)
