@@ -17,12 +17,29 @@ from neuron_port.cli.quant_flags import QuantFlagsParser
 from neuron_port.errors import NeuronPortError
 
 
+class DefaultsShown(argparse.HelpFormatter):
+    """Help lines that end with the option's default, as ``ArgumentDefaultsHelpFormatter`` does, except where the
+    help already speaks of its default, or there is none to show (None, False: a flag that is off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (default in (None, False, argparse.SUPPRESS) or "default" in text or not action.option_strings
+                or isinstance(action, (argparse._HelpAction, argparse._VersionAction))):
+            return text
+        shown = ",".join(str(v) for v in default) if isinstance(default, (list, tuple)) else str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = QuantFlagsParser(prog="neuron-port", description="Port Hugging Face decoders to AWS Inferentia2.")
+    parser = QuantFlagsParser(prog="neuron-port", description="Port Hugging Face decoders to AWS Inferentia2.",
+                              formatter_class=DefaultsShown)
     parser.add_argument("--version", action="version", version=f"neuron-port {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in MODULES:
         module.add(sub)
+    for command in sub.choices.values():
+        command.formatter_class = DefaultsShown
     return parser
 
 

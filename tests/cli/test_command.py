@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from neuron_port.cli.command import build_parser
+from neuron_port.cli.command import DefaultsShown, build_parser
 from neuron_port.cli.commands import MODULES, artifacts, doctor, inspect, porting, serving
 from neuron_port.cli.commands.common import int_list
 from tests.helpers import ROOT, run_cli
@@ -54,3 +54,20 @@ def test_compile_says_the_prompt_and_context_lengths_it_chose(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "prompts up to 16 tokens (buckets [8, 16], --buckets), context 64 tokens (KV lengths [32, 64], --kv-lens)" \
         in res.stdout
+
+
+def test_every_option_has_help_and_shows_its_default():
+    """``neuron-port CMD --help`` explains every argument, and an option with a default says what it is."""
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, command in commands.items():
+        for action in command._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help, f"{name} {action.option_strings or action.dest}: no help"
+        shown = DefaultsShown(name)
+        for action in command._actions:
+            if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+                assert "default" in shown._get_help_string(action), (name, action.option_strings)
+    compile_help = " ".join(commands["compile"].format_help().split())
+    assert "(default: 32,64,128)" in compile_help and "(default: 256)" in compile_help

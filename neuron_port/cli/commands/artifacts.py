@@ -117,23 +117,25 @@ def add(sub) -> None:
     p.add_argument("model", help=MODEL_HELP)
     p.add_argument("--tiny", action="store_true", help="random weights on the tiny variant of a config")
     add_model_source_options(p, weights=True)
-    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (NeuronCores; gloo ranks on cpu)")
     p.add_argument("--backend", default="cpu", choices=["cpu", "neuron", "nxd"],
                    help="cpu (TorchScript), neuron (one NeuronCore: neuronx-distributed's ModelBuilder at tp 1) or nxd "
                         "(the same ModelBuilder at any tp), the last two on an Inferentia2 host; xla graphs are checked "
                         "in process by 'port --backend xla', not saved")
     p.add_argument("--out", required=True, help="artifact directory (written atomically)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--buckets", type=int_list, default=[32, 64, 128])
-    p.add_argument("--kv-lens", type=int_list, default=[256], help="KV lengths, e.g. 128,256")
+    p.add_argument("--seed", type=int, default=0, help="seed of random weights (--tiny, --random-weights)")
+    p.add_argument("--buckets", type=int_list, default=[32, 64, 128], help="prompt buckets: the longest is the longest "
+                   "prompt the artifact takes")
+    p.add_argument("--kv-lens", type=int_list, default=[256], help="KV lengths, e.g. 512,4096: the longest is the "
+                   "context (prompt + new tokens); a decode runs on the shortest that holds it")
     p.add_argument("--batch", type=int, default=1, help="batch size the graphs are compiled for")
     add_dtype_option(p, "of the graphs, weights, host embeddings and KV store")
     add_quant_option(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON (for scripts) instead of lines for people")
     p.set_defaults(func=_cmd_compile)
 
     p = sub.add_parser("generate", help="run a compiled artifact from its directory alone (fresh process)")
-    p.add_argument("dir")
+    p.add_argument("dir", help="an artifact directory (compile --out)")
     add_prompt_options(p, default_tokens=32)
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt")
     eos = p.add_mutually_exclusive_group()
@@ -150,7 +152,7 @@ def add(sub) -> None:
                    "self-checks an artifact allows (host embedding files, every step's logits)")
     p.add_argument("--allow-version-mismatch", action="store_true",
                    help="run even if the installed torch / Neuron versions differ from the artifact's")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON (for scripts) instead of lines for people")
     p.set_defaults(func=_cmd_generate)
 
 

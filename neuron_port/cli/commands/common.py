@@ -112,12 +112,13 @@ def add_prompt_options(p: argparse.ArgumentParser, default_tokens: int) -> None:
     group.add_argument("--chat", default=None, metavar="MESSAGE",
                        help="one user message through the model's chat template (chat_template.jinja or "
                             "tokenizer_config.json; else its family's format), for instruct models")
-    p.add_argument("--max-new-tokens", type=int, default=default_tokens)
+    p.add_argument("--max-new-tokens", type=int, default=default_tokens,
+                   help="new tokens at most (fewer at an end-of-sequence or the end of the context, which is said)")
 
 
 def add_dtype_option(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
-                   help=f"dtype {what}; the host softcap and sampling stay float32 (default fp32)")
+                   help=f"dtype {what}; the host softcap and sampling stay float32")
 
 
 __all__ = ["print_json", "int_list", "prompt_from_args", "emit_generation", "add_prompt_options", "add_dtype_option"]

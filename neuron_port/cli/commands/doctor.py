@@ -22,7 +22,7 @@ def add(sub) -> None:
     p = sub.add_parser("doctor", help="triage a model or artifact directory, cheapest check first")
     p.add_argument("dir", help="a model directory (config.json, safetensors, tokenizer) or an artifact directory")
     p.add_argument("--tokens", type=int, default=8, help="greedy tokens compared with the CPU reference")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON (for scripts) instead of lines for people")
     p.set_defaults(func=_cmd_doctor)
 
 

@@ -90,26 +90,27 @@ def add(sub) -> None:
     p.set_defaults(func=_cmd_describe)
 
     p = sub.add_parser("shard-plan", help="tensor-parallel plan: which heads and KV heads every rank holds")
-    p.add_argument("model")
-    p.add_argument("--tiny", action="store_true")
+    p.add_argument("model", help="a shipped name, a config.json or a model directory (its config is read)")
+    p.add_argument("--tiny", action="store_true", help="the tiny variant with the same architectural features")
     p.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON (for scripts) instead of lines for people")
     p.set_defaults(func=_cmd_shard_plan)
 
     p = sub.add_parser("plan", help="capacity plan: bytes per core, recommended TP, host RAM, roofline decode rate")
-    p.add_argument("model")
-    p.add_argument("--tiny", action="store_true")
+    p.add_argument("model", help="a shipped name, a config.json or a model directory (its config is read)")
+    p.add_argument("--tiny", action="store_true", help="the tiny variant with the same architectural features")
     p.add_argument(
         "--target", default="inf2.xlarge", help="inf2.xlarge | inf2.8xlarge | custom:cores=2,hbm_gib=16,bw_gbs=820,host_gib=64"
     )
-    p.add_argument("--tp", type=int, default=None, help="plan at this degree (default: the recommended one)")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--tp", type=int, default=None, help="plan at this degree (default: the one it recommends)")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="dtype of the device weights")
     add_quant_option(p, what="int8: weight-only, per output channel (projections at one byte plus fp32 scales; norms and "
                      "the LM head at --dtype, unless --quant-head)")
     p.add_argument("--context", type=int, default=2048, help="KV length")
-    p.add_argument("--buckets", type=int_list, default=[128])
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--embeddings-on-device", action="store_true")
+    p.add_argument("--buckets", type=int_list, default=[128], help="prompt buckets (the prefill graphs' lengths)")
+    p.add_argument("--batch", type=int, default=1, help="rows decoded together")
+    p.add_argument("--embeddings-on-device", action="store_true",
+                   help="count the word (and per-layer) embedding tables on the device instead of the host")
     p.add_argument(
         "--separate-weights",
         action="store_true",
@@ -117,7 +118,7 @@ def add(sub) -> None:
         "of one set shared by every graph (neuronx-distributed's ModelBuilder, the default)",
     )
     p.add_argument("--shared-weights", action="store_true", help="the default (kept for older scripts)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON (for scripts) instead of lines for people")
     p.add_argument("--png", default=None, help="write a per-core memory chart (needs matplotlib)")
     p.set_defaults(func=_cmd_plan)
 
@@ -131,7 +132,7 @@ def add(sub) -> None:
         "and report compiles, fallbacks, HLO op counts and KV aliasing",
     )
     p.add_argument("--tp", type=int, default=1, help="with --xla: SPMD over this many XLA CPU devices")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON (for scripts) instead of lines for people")
     p.set_defaults(func=_cmd_lint)
 
 

@@ -166,7 +166,7 @@ def add(sub) -> None:
                         "measured bf16 bound for bf16)")
     add_dtype_option(p, "of the graphs, weights and KV store")
     add_quant_option(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON (for scripts) instead of lines for people")
     p.set_defaults(func=_cmd_port)
 
 

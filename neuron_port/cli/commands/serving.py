@@ -34,11 +34,11 @@ def add(sub) -> None:
     p.add_argument("model", help=MODEL_HELP + "; or an artifact directory")
     p.add_argument("--tiny", action="store_true", help="random weights on the tiny variant of a config")
     add_model_source_options(p, weights=True)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--seed", type=int, default=0, help="seed of random weights (--tiny, --random-weights)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
-                   help="uvicorn's log level; info and debug add an access log line per request (default: info)")
+                   help="uvicorn's log level; info and debug add an access log line per request")
     p.add_argument("--slim", action="store_true", help="keep only embeddings and compiled graphs on the host")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
     p.add_argument("--max-queue", type=int, default=64, help="waiting requests beyond this get 429")
@@ -46,8 +46,10 @@ def add(sub) -> None:
     p.add_argument("--batching", default="continuous", choices=["continuous", "static"],
                    help="continuous: requests join free slots at every step; static: whole batches (for comparison)")
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="larger request bodies get 413")
-    p.add_argument("--buckets", type=int_list, default=[32, 64, 128])
-    p.add_argument("--kv-lens", type=int_list, default=[256, 512])
+    p.add_argument("--buckets", type=int_list, default=[32, 64, 128],
+                   help="prompt buckets of a model built here: the longest is the longest prompt served")
+    p.add_argument("--kv-lens", type=int_list, default=[256, 512],
+                   help="KV lengths of a model built here: the longest is the context (prompt + new tokens)")
     add_dtype_option(p, "of a model's graphs, weights and KV store (an artifact keeps the dtype it was compiled in)")
     add_quant_option(p)
     p.set_defaults(func=_cmd_serve)
