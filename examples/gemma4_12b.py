@@ -40,7 +40,7 @@ def main() -> int:
     tp = capacity.tp  # --tp, else the recommended degree: the plan shown is the plan used
     print(f"[plan] recommended tp {capacity.recommended_tp}, using tp {tp}; "
           f"{capacity.per_core_bytes['total'] / 2**30:.1f} GiB per core; "
-          f"roofline {capacity.roofline_tok_per_s} tok/s, measured {capacity.measured_tok_per_s} tok/s")
+          f"roofline {capacity.roofline_tok_per_s} tok/s, field report {capacity.measured_tok_per_s} tok/s (not this run)")
 
     # 3. Load, buffers checked.
     model, source = load_checked(NAME, args.model_dir, args.dtype, args.quant)

@@ -35,13 +35,13 @@ def main() -> int:
     print(f"[describe] {layout.num_layers} layers, KV owners {list(layout.kv_owners)}; "
           f"{len(shared)} shared layers read layers {sorted({s.kv_source for s in shared})}")
 
-    # 2. Plan at the real dimensions: one core in bf16, and the roofline next to the measured rate.
+    # 2. Plan at the real dimensions: one core in bf16, and the roofline next to the field report's rate.
     real = load_config(args.model_dir or NAME)
     capacity = plan_capacity(describe(real), real, NAME, Target.parse(args.target), tp=args.tp, quant=args.quant)
     tp = capacity.tp  # --tp, else the recommended degree: the plan shown is the plan used
     print(f"[plan] recommended tp {capacity.recommended_tp}, using tp {tp}; "
           f"{capacity.per_core_bytes['total'] / 2**30:.1f} GiB per core; "
-          f"roofline {capacity.roofline_tok_per_s} tok/s, measured {capacity.measured_tok_per_s} tok/s")
+          f"roofline {capacity.roofline_tok_per_s} tok/s, field report {capacity.measured_tok_per_s} tok/s (not this run)")
 
     # 3. Load the weights and make sure no buffer was lost (Gemma-4's per-layer scalar is a buffer, not a parameter).
     model, source = load_checked(NAME, args.model_dir, args.dtype, args.quant)

@@ -55,6 +55,9 @@ GiB = 1 << 30
 RUNTIME_RESERVE = GiB // 2
 HOST_PROCESS_OVERHEAD = 2 * GiB
 COMPILER_EXPANSION = 13.8  # E4B TP=2 bf16 on a 128 GiB host -> ~55 GB of swap (field report)
+COMPILE_RAM_SOURCE = ("extrapolated from one field figure (a bf16 E4B compile at tp 2 peaked past 128 GB); "
+                      "an order of magnitude, not a measurement of this model")
+"""Where the compile-RAM figure comes from and how far to trust it: said wherever the figure is printed."""
 HOST_BUILD_COPIES = 3.0  # the model, plus 2.0x its weight bytes while ModelBuilder traces every key
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -117,6 +120,7 @@ class Plan:
     host_ram_bytes: dict[str, int]
     compile_host_ram_bytes: int
     swap_recommended_bytes: int
+    compile_host_ram_source: str
     roofline_tok_per_s: float
     measured_tok_per_s: float | None
     measured_note: str | None
@@ -206,7 +210,8 @@ def _host_figures(
     swap = max(0, compile_ram - target.host_ram)
     if swap:
         reasons.append(
-            f"compiling at tp {chosen} needs ~{compile_ram / 1e9:.0f} GB of host RAM: add >= {swap / 1e9:.0f} GB of swap"
+            f"compiling at tp {chosen} may need ~{compile_ram / 1e9:.0f} GB of host RAM ({COMPILE_RAM_SOURCE}): "
+            f"add >= {swap / 1e9:.0f} GB of swap"
         )
     if slim_bytes > target.host_ram:
         reasons.append(f"even a slim server needs {slim_bytes / GiB:.1f} GiB of host RAM > {target.host_ram / GiB:.0f} GiB")
@@ -270,6 +275,7 @@ def plan_capacity(
         host_ram_bytes=host,
         compile_host_ram_bytes=compile_ram,
         swap_recommended_bytes=swap,
+        compile_host_ram_source=COMPILE_RAM_SOURCE,
         roofline_tok_per_s=round(target.hbm_bw_per_core / (cores["weights"] + kv_read), 1),
         measured_tok_per_s=measured[0] if measured else None,
         measured_note=measured[1] if measured else None,
@@ -292,10 +298,12 @@ def format_capacity_plan(plan: Plan) -> str:
         f"  KV store: {plan.kv_bytes / mib:.1f} MiB (owners, rings) vs {plan.kv_bytes_owners_full_length / mib:.1f} MiB "
         f"(owners, full length) vs {plan.kv_bytes_naive / mib:.1f} MiB (every layer, full length)",
         f"  host RAM: full {plan.host_ram_bytes['full'] / GiB:.1f} GiB, slim {plan.host_ram_bytes['slim'] / GiB:.1f} GiB; "
-        f"compile ~{plan.compile_host_ram_bytes / 1e9:.0f} GB (swap >= {plan.swap_recommended_bytes / 1e9:.0f} GB)",
+        f"compile ~{plan.compile_host_ram_bytes / 1e9:.0f} GB (swap >= {plan.swap_recommended_bytes / 1e9:.0f} GB; "
+        "extrapolated from one field figure: an order of magnitude)",
         f"  roofline decode {plan.roofline_tok_per_s:.1f} tok/s (weights + {plan.kv_read_bytes_per_token / mib:.1f} MiB "
-        f"of K/V read per step per core); measured "
-        + (f"{plan.measured_tok_per_s} tok/s ({plan.measured_note})" if plan.measured_tok_per_s else "unknown"),
+        f"of K/V read per step per core); "
+        + (f"field figure {plan.measured_tok_per_s} tok/s ({plan.measured_note}; not measured by this library)"
+           if plan.measured_tok_per_s else "no field figure"),
     ]
     lines += [f"  - {r}" for r in plan.reasons]
     return "\n".join(lines)

@@ -75,7 +75,8 @@ def validate_and_report(artifact: str | Path, prompt_len: int, max_new_tokens: i
 
     result = check_in_fresh_process(artifact, prompt_len, max_new_tokens)
     print(f"[reload] a fresh process loaded {result['artifact']} (backend {result['backend']}, tp {result['tp']})")
-    print(f"[check] {result['new_tokens']} tokens against Hugging Face generate, decode {result['decode_tok_per_s']} tok/s")
+    print(f"[check] {result['new_tokens']} tokens against Hugging Face generate; this run decoded "
+          f"{result['decode_tok_per_s']} tok/s on the {result['backend']} backend")
     for check in result.get("self_checks", []):
         print(f"[self-check] {check['name']}: {check['status']}, {check['detail']}")
     print(f"SEQ_MATCH {result['seq_match']}")

@@ -163,3 +163,15 @@ def test_an_int8_head_takes_the_replicated_head_to_one_byte_too():
     saved = layout.vocab_size * layout.hidden_size - 4 * layout.vocab_size
     assert int8["per_core_bytes"]["weights"] - head["per_core_bytes"]["weights"] == saved
     assert head["roofline_tok_per_s"] > int8["roofline_tok_per_s"]
+
+
+def test_the_compile_ram_and_field_figures_say_where_they_come_from():
+    """The compile-RAM figure is an extrapolation from one field figure and the decode rate beside the roofline is the
+    field report's, not this library's: the plan says both, in its text and its JSON."""
+    text = run_cli("plan", "gemma-4-12b", "--tp", "2")
+    assert text.returncode == 0
+    assert "extrapolated from one field figure" in text.stdout and "an order of magnitude" in text.stdout
+    assert "field figure 15.0 tok/s" in text.stdout and "not measured by this library" in text.stdout
+    assert "measured 15.0" not in text.stdout
+    data = run_cli_json("plan", "gemma-4-12b", "--tp", "2")
+    assert "extrapolated from one field figure" in data["compile_host_ram_source"]
