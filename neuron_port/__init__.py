@@ -12,7 +12,8 @@ from neuron_port.versions import check_transformers
 
 check_transformers()  # one line naming the found and the needed version, before anything imports transformers
 
+from neuron_port.auto import PortedModel, from_pretrained  # noqa: E402
 from neuron_port.model.configs import load_config  # noqa: E402
 from neuron_port.model.layout import LayerSpec, Layout, describe  # noqa: E402
 
-__all__ = ["__version__", "load_config", "describe", "Layout", "LayerSpec"]
+__all__ = ["__version__", "from_pretrained", "PortedModel", "load_config", "describe", "Layout", "LayerSpec"]

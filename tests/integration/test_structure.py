@@ -179,6 +179,7 @@ LAYERS = [
     ("generation", ["generation"]),
     ("checks", ["checks"]),
     ("planner", ["planner"]),
+    ("auto", ["auto"]),
     ("serve", ["serve"]),
     ("cli", ["cli"]),
 ]

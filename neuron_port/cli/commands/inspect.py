@@ -82,22 +82,25 @@ def _lint_xla(args: argparse.Namespace) -> int:
     return 1 if result["errors"] else 0
 
 
+CONFIG_HELP = "a Hugging Face id, a model directory, a config.json or a shipped name (only its config is read)"
+
+
 def add(sub) -> None:
     p = sub.add_parser("describe", help="per-layer layout of a model: attention type, heads, KV owners, params")
-    p.add_argument("model", help="a shipped name (gemma-4-e2b, gemma-4-e4b, gemma-4-12b) or a local path")
+    p.add_argument("model", help=CONFIG_HELP)
     p.add_argument("--tiny", action="store_true", help="the tiny variant with the same architectural features")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_describe)
 
     p = sub.add_parser("shard-plan", help="tensor-parallel plan: which heads and KV heads every rank holds")
-    p.add_argument("model", help="a shipped name, a config.json or a model directory (its config is read)")
+    p.add_argument("model", help=CONFIG_HELP)
     p.add_argument("--tiny", action="store_true", help="the tiny variant with the same architectural features")
     p.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
     p.add_argument("--json", action="store_true", help="print JSON (for scripts) instead of lines for people")
     p.set_defaults(func=_cmd_shard_plan)
 
     p = sub.add_parser("plan", help="capacity plan: bytes per core, recommended TP, host RAM, roofline decode rate")
-    p.add_argument("model", help="a shipped name, a config.json or a model directory (its config is read)")
+    p.add_argument("model", help=CONFIG_HELP)
     p.add_argument("--tiny", action="store_true", help="the tiny variant with the same architectural features")
     p.add_argument(
         "--target", default="inf2.xlarge", help="inf2.xlarge | inf2.8xlarge | custom:cores=2,hbm_gib=16,bw_gbs=820,host_gib=64"
