@@ -6,9 +6,9 @@ neuronx-distributed) is an optional backend, imported lazily only where it is us
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from neuron_port.versions import LIBRARY_VERSION, check_transformers
 
-from neuron_port.versions import check_transformers
+__version__ = LIBRARY_VERSION
 
 check_transformers()  # one line naming the found and the needed version, before anything imports transformers
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 import re
 from importlib import metadata
 
+LIBRARY_VERSION = "0.1.0"
+"""This library's version (``neuron_port.__version__``; pyproject.toml says the same), recorded in artifacts."""
+
 MIN_TRANSFORMERS = (5, 24)
 
 
@@ -48,4 +51,4 @@ def check_transformers() -> None:
         raise refusal
 
 
-__all__ = ["MIN_TRANSFORMERS", "transformers_problem", "check_transformers"]
+__all__ = ["LIBRARY_VERSION", "MIN_TRANSFORMERS", "transformers_problem", "check_transformers"]

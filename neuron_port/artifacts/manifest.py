@@ -36,6 +36,7 @@ import torch
 
 from neuron_port.errors import ArtifactError, UnsupportedArchitectureError
 from neuron_port.families import AdapterSource, adapter_source, family_for
+from neuron_port.progress import progress
 
 # 2: graphs without weights, one weights file per rank; 3: graphs take lengths and build their own masks
 FORMAT = "neuron-port-artifact/3"
@@ -74,7 +75,7 @@ def config_hash(config_dict: Mapping[str, Any]) -> str:
 
 def installed_versions() -> dict[str, str | None]:
     """Versions of what an artifact depends on, read from package metadata (nothing imported)."""
-    from neuron_port import __version__
+    from neuron_port.versions import LIBRARY_VERSION as __version__
 
     out: dict[str, str | None] = {"neuron-port": __version__}
     for dist in ("torch", "transformers", *NEURON_COMPONENTS):
@@ -109,11 +110,8 @@ def atomic_directory(out_dir: str | Path) -> Iterator[Path]:
 
 def write_manifest(directory: Path, fields: dict[str, Any]) -> dict[str, Any]:
     """Hash every file under ``directory``, add field digests, write ``manifest.json`` last."""
-    files = {
-        str(p.relative_to(directory)): file_sha256(p)
-        for p in sorted(directory.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
-    }
+    paths = [p for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST]
+    files = {str(p.relative_to(directory)): file_sha256(p) for p in progress(paths, desc="hashing files", unit="file")}
     manifest = {"format": FORMAT, **fields, "files": files}
     manifest["field_digests"] = {k: hashlib.sha256(_canonical(v)).hexdigest() for k, v in manifest.items()}
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
@@ -231,7 +229,7 @@ def verify(directory: str | Path, allow_version_mismatch: bool = False) -> dict[
     _check_versions(manifest, allow_version_mismatch)
     _check_adapter(manifest, allow_version_mismatch)
     present = {str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST}
-    for rel, digest in sorted(manifest["files"].items()):
+    for rel, digest in progress(sorted(manifest["files"].items()), desc="checking files", unit="file"):
         path = directory / rel
         if not path.exists():
             raise ArtifactError(f"file {rel} listed in the manifest is missing")

@@ -51,6 +51,7 @@ from neuron_port.graph.runners import runner_file
 from neuron_port.graph.shapes import PortShape, StoreShapes
 from neuron_port.model.tensorfile import read_header
 from neuron_port.parallel.ranks import RankSetup
+from neuron_port.progress import progress
 
 GRAPHS_FILE = "nxd_graphs.json"
 ROW_KV_WRITES = True
@@ -121,8 +122,11 @@ def write_nxd_rank(rank_dir: Path, model: nn.Module, setup: RankSetup, shape: Po
             keys[runner_file(kind, size)] = {"key": key, "inputs": len(step) - 1, "slot_ids": size}
         graphs[key] = (resident_factory(model, setup, local, kind, size, kv_shapes, kv_dtype, prefill_update), step)
     rank_dir.mkdir(parents=True, exist_ok=True)
+    bar = progress(total=len(graphs), desc=f"tracing graphs (ModelBuilder, tp {setup.tp})", unit="graph")
+    graphs = {key: (_ticking(make, bar), step) for key, (make, step) in graphs.items()}  # ModelBuilder builds each key once
     with tempfile.TemporaryDirectory(prefix="neuron-port-nxd-") as workdir:
         build(graphs, lambda: traced_checkpoint(model, setup), setup.tp, rank_dir, compiler_args, compiler_workdir=workdir)
+    bar.close()
     state_bytes = sum(t.numel() * t.element_size() for t in state)
     (rank_dir / GRAPHS_FILE).write_text(json.dumps({"tp": setup.tp, "graphs": keys, "kv_state_bytes_per_core": state_bytes},
                                                    indent=2))
@@ -131,6 +135,16 @@ def write_nxd_rank(rank_dir: Path, model: nn.Module, setup: RankSetup, shape: Po
                                                        "resident_kv": True,
                                                        "prefill_write": "dynamic-update-slice" if prefill_update
                                                        else "slice_scatter"}}
+
+
+def _ticking(make: Callable[[], KVResident], bar: Any) -> Callable[[], KVResident]:
+    """``make`` that moves ``bar`` on by one each time ModelBuilder builds its key's module."""
+    def made() -> KVResident:
+        module = make()
+        bar.update(1)
+        return module
+
+    return made
 
 
 def shard_bytes(rank_dir: Path) -> list[int]:

@@ -11,10 +11,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from neuron_port import __version__
 from neuron_port.cli.commands import MODULES
 from neuron_port.cli.quant_flags import QuantFlagsParser
 from neuron_port.errors import NeuronPortError
+from neuron_port.versions import LIBRARY_VERSION as __version__
 
 
 class DefaultsShown(argparse.HelpFormatter):
@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = QuantFlagsParser(prog="neuron-port", description="Port Hugging Face decoders to AWS Inferentia2.",
                               formatter_class=DefaultsShown)
     parser.add_argument("--version", action="version", version=f"neuron-port {__version__}")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars (also NEURON_PORT_QUIET=1; they show "
+                        "on a terminal only)")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in MODULES:
         module.add(sub)
@@ -46,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.quiet:
+        from neuron_port.progress import set_quiet
+
+        set_quiet()
     try:
         if getattr(args, "model", None) is not None:
             from neuron_port.cli.commands.common import resolve_model_argument

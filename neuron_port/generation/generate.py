@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,8 @@ from neuron_port.artifacts.manifest import verify
 from neuron_port.artifacts.reader import artifact_setup, load_rank_port
 from neuron_port.errors import ArtifactError
 from neuron_port.generation.request import GenerationRequest, GenerationResult, merge_ranks
-from neuron_port.generation.static_batch import run_static
+from neuron_port.generation.request_state import TokenEvent
+from neuron_port.generation.static_batch import run_static, stream_static
 from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape, select_bucket
 from neuron_port.model.layout import describe
@@ -47,11 +49,17 @@ class _RankWork:
     request: GenerationRequest
     tokenizer: Any = None
     crosses_processes: bool = False
+    on_token: Callable[[TokenEvent], None] | None = None  # rank 0, in this process only
 
 
 def _on_port(port: Port, work: _RankWork, rank: int = 0) -> GenerationResult | dict[str, Any]:
     request = work.request if rank == 0 else work.request.without_logits()
-    result = run_static(port, request, work.tokenizer)
+    if rank == 0 and work.on_token is not None and not work.crosses_processes:
+        result = GenerationResult.empty(request.batch)
+        for event in stream_static(port, request, work.tokenizer, result=result):
+            work.on_token(event)
+    else:
+        result = run_static(port, request, work.tokenizer)
     batch, dtype_bytes, spec = request.batch, port.inputs.dtype.itemsize, port.stores.largest
     result.per_rank_kv_cache_bytes = [spec.total_bytes(batch, dtype_bytes)]
     result.kv_cache_bytes_per_layer = {str(k): v for k, v in spec.bytes_per_layer(batch, dtype_bytes).items()}
@@ -82,6 +90,7 @@ def generate(
     mode: Mode = "gloo",
     manifest: dict[str, Any] | None = None,
     backend: str = "eager",
+    on_token: Callable[[TokenEvent], None] | None = None,
 ) -> GenerationResult:
     """Run ``request`` through the two-graph port of ``source``.
 
@@ -93,7 +102,9 @@ def generate(
     result's texts need (without one, texts are empty and stop strings are refused). ``backend``
     (a model only): ``eager`` runs every rank's graphs as they are (gloo processes or threads at
     tp > 1, by ``mode``); ``xla`` lowers them through torch-xla in this process (SPMD over tp
-    devices) and the result carries the lowering report.
+    devices) and the result carries the lowering report. ``on_token(event)`` is called with every token as it
+    is made (its text released with a ``tokenizer``) where rank 0 runs in this process (tp 1, or threads); a
+    run whose ranks are gloo processes calls it for none.
     """
     longest = max(len(p) for p in request.prompts)
     if isinstance(source, nn.Module):
@@ -101,16 +112,17 @@ def generate(
         select_bucket(longest, shape.buckets)  # fail before any work
         setup = _setup_for(source, setup, tp)
         if backend == "xla":
-            return _on_xla(source, request, tokenizer, setup, shape)
+            return _on_xla(source, request, tokenizer, setup, shape, on_token)
         if backend != "eager":
             raise ValueError(f"backend must be 'eager' or 'xla' for a model, found {backend!r}")
-        work = _RankWork(request, tokenizer, crosses_processes=setup.tp > 1 and mode == "gloo")
+        crosses = setup.tp > 1 and mode == "gloo"
+        work = _RankWork(request, tokenizer, crosses, None if crosses else on_token)
         return _merge(run_ranks(functools.partial(_model_rank, shape, work), setup, source, mode))
     if shape is not None or setup is not None or tp is not None or backend != "eager":
         raise ValueError("shape, setup, tp and backend describe what to build over a model; a port or an artifact "
                          "brings its own")
     if isinstance(source, Port):
-        return _merge([_on_port(source, _RankWork(request, tokenizer))])
+        return _merge([_on_port(source, _RankWork(request, tokenizer, on_token=on_token))])
     manifest = manifest or verify(source)
     if int(manifest["batch"]) != request.batch:
         raise ArtifactError(f"field batch: the graphs were compiled for batch {manifest['batch']}, "
@@ -119,16 +131,17 @@ def generate(
     setup = artifact_setup(source, manifest)
     if setup.tp > 1 and mode != "gloo":
         raise ValueError(f"a tp {setup.tp} artifact's graphs all-reduce over a process group: run it with mode='gloo'")
-    work = _RankWork(request, tokenizer, crosses_processes=setup.tp > 1)
+    crosses = setup.tp > 1
+    work = _RankWork(request, tokenizer, crosses, None if crosses else on_token)
     return _merge(run_ranks(functools.partial(_artifact_rank, str(source), manifest, work), setup, None, mode))
 
 
 def _on_xla(model: nn.Module, request: GenerationRequest, tokenizer: Any, setup: RankSetup,
-            shape: PortShape) -> GenerationResult:
+            shape: PortShape, on_token: Callable[[TokenEvent], None] | None = None) -> GenerationResult:
     from neuron_port.backends.xla_port import xla_port
 
     port, xla = xla_port(model, setup, shape, batch=request.batch)
-    result = _merge([_on_port(port, _RankWork(request, tokenizer))])
+    result = _merge([_on_port(port, _RankWork(request, tokenizer, on_token=on_token))])
     result.lowering = xla.report()
     return result
 

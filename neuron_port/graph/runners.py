@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from neuron_port.graph.graphs import GraphSet
 from neuron_port.graph.kv import KVStore
 from neuron_port.graph.step import Runnable, StepInputs
+from neuron_port.progress import progress
 
 Examples = Callable[[str, int, int], tuple[StepInputs, KVStore]]
 """(kind "prefill" | "decode", size, batch) -> example inputs and store for tracing."""
@@ -73,7 +73,7 @@ def compile_graphs(graphs: GraphSet, backend: Any, examples: Examples, batch: in
     leading = getattr(backend, "leading_update", None)
     jobs = [("prefill", b, g) for b, g in graphs.prefill.items()] + [("decode", kv, g) for kv, g in graphs.decode.items()]
     out: dict[str, dict[int, Runnable]] = {"prefill": {}, "decode": {}}
-    for kind, size, graph in tqdm(jobs, desc=desc, unit="graph", leave=False, disable=len(jobs) < 2):
+    for kind, size, graph in progress(jobs, desc=desc, unit="graph"):
         graph.inplace_kv_writes = inplace and kind == "decode"
         graph.row_kv_writes = rows and kind == "decode"
         graph.leading_update = leading if kind == "prefill" else None

@@ -17,12 +17,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
-from tqdm import tqdm
 
 from neuron_port.errors import ConfigError
 from neuron_port.families import family_for, family_of
 from neuron_port.model.configs import config_to_dict, load_config
 from neuron_port.model.quant import FP32_BUFFERS, Int8Linear, apply_quant, check_scheme, fp32_keys, quant_of
+from neuron_port.progress import progress
 
 QUANT_KEY = "neuron_port_quant"
 """The ``config.json`` field naming a saved model's weight scheme (absent: ``"none"``)."""
@@ -157,7 +157,7 @@ def read_checkpoint(model_dir: str | Path, family=None) -> dict[str, torch.Tenso
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
     state: dict[str, torch.Tensor] = {}
-    for path in tqdm(files, desc="reading weights", unit="file", disable=len(files) < 2):
+    for path in progress(files, desc="reading weights", unit="file"):
         with safe_open(str(path), framework="pt") as fh:
             for key in fh.keys():
                 norm = family.normalize_key(key) if family is not None else key

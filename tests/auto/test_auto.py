@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import neuron_port
+from neuron_port.auto import PortedModel
 from neuron_port.errors import ModelSourceError, PromptError
 
 PROMPT = "The capital of France is"
@@ -38,7 +39,8 @@ def test_text_in_text_out_as_transformers_generates_it_then_from_the_artifact(sm
 
     artifact = model.compile(tmp_path / "artifact")
     reloaded = neuron_port.from_pretrained(artifact)
-    assert reloaded.artifact and reloaded.generate(PROMPT, max_new_tokens=8) == text
+    assert isinstance(reloaded, PortedModel) and reloaded.artifact
+    assert reloaded.generate(PROMPT, max_new_tokens=8) == text
 
 
 def test_a_shipped_name_needs_tiny_and_random_weights_take_ids():

@@ -50,3 +50,17 @@ def test_a_hub_id_from_the_cache_compiles_and_generates_offline(smollm2_dir, tmp
     assert json.loads(res.stdout)["text"].startswith(" Paris")
     absent = run_cli_process("compile", "HuggingFaceTB/absent", "--out", str(tmp_path / "B"), env=env)
     assert absent.returncode == 2 and "HF_HUB_OFFLINE=1" in absent.stderr and "Traceback" not in absent.stderr
+
+
+@pytest.mark.slow
+def test_a_text_prompt_streams_its_answer_for_people_and_json_for_scripts(smollm2_dir):
+    """Without --json the answer is printed as it is made, then one summary line; --json prints the same text."""
+    common = ["port", str(smollm2_dir), "--prompt", "The capital of France is", "--max-new-tokens", "6",
+              "--buckets", "16", "--kv-len", "32"]
+    people = run_cli(*common)
+    scripts = run_cli(*common, "--json")
+    assert people.returncode == 0 and scripts.returncode == 0, people.stderr + scripts.stderr
+    text = json.loads(scripts.stdout)["text"]
+    lines = people.stdout.splitlines()
+    assert text.startswith(" Paris") and people.stdout.startswith(text + "\n")
+    assert lines[-1].startswith("[6 new tokens after a 5-token prompt, finish length;")

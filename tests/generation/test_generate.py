@@ -51,6 +51,17 @@ def test_streaming_yields_the_same_tokens_as_a_run(tiny_e2b):
     assert all(e.host_ms >= 0 and e.graph_ms >= 0 for e in events)
 
 
+def test_generate_hands_every_token_to_on_token_as_it_is_made(tiny_e2b):
+    """``generate(model, ..., on_token=)`` (rank 0 in this process): each event as the token is made, the same
+    tokens and text the result holds; the tp 2 run's ranks are gloo processes, which call it for none."""
+    tok = build_tokenizer(512)
+    request = GenerationRequest.greedy([_prompt(10)], 12)
+    events = []
+    result = generate(tiny_e2b, request, tokenizer=tok, shape=PortShape((16,), 32), on_token=events.append)
+    assert [e.token_id for e in events] == result.tokens[0] and len(events) == 12
+    assert "".join(e.text for e in events) == result.texts[0]
+
+
 def test_stop_strings_cut_at_the_right_place(tiny_e2b):
     port, tok = _port(tiny_e2b), build_tokenizer(512)
     free = _one(port, _prompt(10), GenerationParams(30), tok).texts[0]

@@ -15,6 +15,7 @@ from neuron_port.cli.commands.common import (
     int_list,
     print_json,
     prompt_from_args,
+    text_stream,
 )
 from neuron_port.cli.quant_flags import add_quant_option
 
@@ -101,7 +102,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     stop_ids = generation_stop_ids(args.dir, special.eos, args.chat is not None, eos_means_end=texts,
                                    stop_at_eos=args.stop_at_eos)
     request = GenerationRequest.greedy([prompt], args.max_new_tokens, stop_ids, keep_logits=args.check)
-    out = artifact_run_report(args.dir, manifest, prompt, generate(args.dir, request, manifest=manifest))
+    stream = text_stream(args, args.dir)  # the answer as it comes, for a person reading a text prompt's
+    result = generate(args.dir, request, manifest=manifest, tokenizer=stream.tokenizer if stream else None, on_token=stream)
+    out = artifact_run_report(args.dir, manifest, prompt, result)
     out["dtype"] = manifest.get("dtype")
     if texts:
         out["text"] = decode_completion(args.dir, out["tokens"], stop_ids)
@@ -109,7 +112,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         reference = reference_model(manifest)
         out = artifact_self_checks(args.dir, manifest, reference, prompt, out)
         out = compare_with_reference(out, reference, prompt, args.max_new_tokens, stop_ids)
-    return emit_generation(out, args)
+    return emit_generation(out, args, stream)
 
 
 def add(sub) -> None:

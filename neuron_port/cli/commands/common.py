@@ -85,13 +85,52 @@ def context_warning(out: dict[str, Any], asked: int | None) -> str | None:
             f"{out.get('prompt_tokens', '?')} tokens); build with a longer KV length (--kv-len, --kv-lens) for more")
 
 
-def emit_generation(out: dict[str, Any], args: argparse.Namespace) -> int:
-    """Print a generation result (JSON or key: value lines, plus SEQ_MATCH with --check); the exit code."""
+class TextStream:
+    """Prints the first row's text to stdout as its tokens are made (``generate(..., on_token=stream)``), for a
+    person reading a text prompt's answer; ``streamed`` says whether anything went out."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer, self.streamed = tokenizer, False
+
+    def __call__(self, event: Any) -> None:
+        if event.row == 0 and event.text:
+            print(event.text, end="", flush=True)
+            self.streamed = True
+
+
+def text_stream(args: argparse.Namespace, directory: str | Path) -> TextStream | None:
+    """A :class:`TextStream` over ``directory``'s tokenizer for a text prompt (``--prompt``, ``--chat``) printed for
+    people; None for ``--json``, a random prompt or a directory without a tokenizer."""
+    from neuron_port.model.tokenizer import load_tokenizer
+
+    if args.json or (getattr(args, "prompt", None) is None and getattr(args, "chat", None) is None):
+        return None
+    tokenizer = load_tokenizer(directory) if Path(directory).is_dir() else None
+    return TextStream(tokenizer) if tokenizer is not None else None
+
+
+def summary_line(out: dict[str, Any]) -> str:
+    """One line of what a run did: tokens, why it stopped, how fast, where."""
+    return (f"[{out.get('new_tokens')} new tokens after a {out.get('prompt_tokens')}-token prompt, finish "
+            f"{out.get('finish_reason')}; prefill {out.get('prefill_s', 0):.3f} s, decode {out.get('decode_tok_per_s')} "
+            f"tok/s; backend {out.get('backend')}, tp {out.get('tp')}; --json for everything]")
+
+
+def emit_generation(out: dict[str, Any], args: argparse.Namespace, stream: TextStream | None = None) -> int:
+    """Print a generation result: JSON with ``--json``; else the text (already streamed, or printed now), the
+    tokens of a random prompt, a summary line, the self-checks and SEQ_MATCH with ``--check``. The exit code."""
     if args.json:
         print_json(out)
     else:
-        for key, value in out.items():
-            print(f"{key}: {value}")
+        if stream is not None and stream.streamed:
+            print()  # end the streamed text's line
+        elif out.get("text") is not None:
+            print(out["text"])
+        else:
+            print(f"tokens: {out.get('tokens')}")
+        print(summary_line(out))
+        for check in out.get("self_checks", []):
+            print(f"[self-check] {check['name']}: {check['status']}, {check['detail']}")
         if args.check:
             print(f"SEQ_MATCH {out['seq_match']}")
     warning = context_warning(out, getattr(args, "max_new_tokens", None))

@@ -14,6 +14,7 @@ from neuron_port.cli.commands.common import (
     emit_generation,
     int_list,
     prompt_from_args,
+    text_stream,
 )
 from neuron_port.cli.quant_flags import add_quant_option
 
@@ -56,7 +57,9 @@ def _cmd_port(args: argparse.Namespace) -> int:
     layout = setup.layout
     shape = PortShape(args.buckets, args.kv_len)
     request = GenerationRequest.greedy(prompts, args.max_new_tokens, stop_ids, keep_logits=args.check)
-    result = generate(model, request, shape=shape, setup=setup, backend="xla" if args.backend == "xla" else "eager")
+    stream = text_stream(args, args.model)  # the answer as it comes, for a person reading a text prompt's
+    result = generate(model, request, shape=shape, setup=setup, backend="xla" if args.backend == "xla" else "eager",
+                      tokenizer=stream.tokenizer if stream else None, on_token=stream)
     out: dict[str, Any] = {
         "model": args.model, "tiny": args.tiny, "backend": args.backend, "tp": args.tp, "batch": args.batch,
         "dtype": args.dtype,
@@ -94,7 +97,7 @@ def _cmd_port(args: argparse.Namespace) -> int:
         if args.quant != "none":  # and what the quantization costs: the same steps against the float32 model
             _quant_check(out, reference_for_source(args.model, tiny=args.tiny, seed=args.seed), prompts[0], result,
                          args.quant, judged=is_dir)
-    return emit_generation(out, args)
+    return emit_generation(out, args, stream)
 
 
 def _quant_check(out: dict[str, Any], float_reference, prompt: list[int], result, quant: str, judged: bool) -> None:
