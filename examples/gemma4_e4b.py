@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from neuron_port import describe, load_config
 from neuron_port.artifacts.writer import write_artifact
-from neuron_port.cli.recipe import artifact_dir, check_on_xla, load_checked, recipe_parser, validate_then_serve
+from neuron_port.cli.recipe import artifact_dir, check_on_xla, load_checked, recipe_parser, run_recipe, validate_then_serve
 from neuron_port.graph.shapes import PortShape
 from neuron_port.parallel.ranks import RankSetup
 from neuron_port.planner import Target, plan_capacity
@@ -75,4 +75,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_recipe(main))

@@ -24,7 +24,7 @@ from neuron_port.artifacts.writer import write_artifact
 from neuron_port.checks.selfcheck import checked_run_passed
 from neuron_port.checks.validation import check_in_fresh_process
 from neuron_port.cli.quant_flags import QuantFlagsParser, add_quant_option
-from neuron_port.cli.recipe import load_checked
+from neuron_port.cli.recipe import load_checked, run_recipe
 from neuron_port.generation.chat import chat_format_of, stop_token_ids
 from neuron_port.generation.generate import generate
 from neuron_port.generation.prompts import text_prompt
@@ -105,4 +105,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_recipe(main))

@@ -12,23 +12,10 @@ import sys
 from collections.abc import Sequence
 
 from neuron_port.cli.commands import MODULES
+from neuron_port.cli.help_format import DefaultsShown
 from neuron_port.cli.quant_flags import QuantFlagsParser
 from neuron_port.errors import NeuronPortError
 from neuron_port.versions import LIBRARY_VERSION as __version__
-
-
-class DefaultsShown(argparse.HelpFormatter):
-    """Help lines that end with the option's default, as ``ArgumentDefaultsHelpFormatter`` does, except where the
-    help already speaks of its default, or there is none to show (None, False: a flag that is off)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        default = action.default
-        if (default in (None, False, argparse.SUPPRESS) or "default" in text or not action.option_strings
-                or isinstance(action, (argparse._HelpAction, argparse._VersionAction))):
-            return text
-        shown = ",".join(str(v) for v in default) if isinstance(default, (list, tuple)) else str(default)
-        return f"{text} (default: {shown.replace('%', '%%')})"
 
 
 def build_parser() -> argparse.ArgumentParser:

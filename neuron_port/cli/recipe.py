@@ -7,6 +7,8 @@ are identical for every model out of that story.
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +18,10 @@ def recipe_parser(description: str, tp: int | None = None) -> argparse.ArgumentP
 
     ``--tp`` defaults to ``tp``; None means the capacity planner's recommendation (a recipe plans at
     ``--tp`` and uses the degree the plan was made at)."""
+    from neuron_port.cli.help_format import DefaultsShown
     from neuron_port.cli.quant_flags import QuantFlagsParser, add_quant_option
 
-    ap = QuantFlagsParser(description=description)
+    ap = QuantFlagsParser(description=description, formatter_class=DefaultsShown)
     ap.add_argument("--model-dir", help="real weights: a local model directory or a Hugging Face id through the hub "
                                         "cache (default: tiny random weights)")
     ap.add_argument(
@@ -29,11 +32,12 @@ def recipe_parser(description: str, tp: int | None = None) -> argparse.ArgumentP
         "artifact, checked in a fresh process; xla: the graphs lowered through torch-xla "
         "(PJRT_DEVICE=CPU) and checked in this process",
     )
-    ap.add_argument("--tp", type=int, default=tp, help="tensor-parallel degree (default: the planner's recommendation)")
+    ap.add_argument("--tp", type=int, default=tp, help="tensor-parallel degree" + ("" if tp is not None else
+                    " (default: the planner's recommendation)"))
     ap.add_argument("--target", default="inf2.xlarge", help="planner target (inf2.xlarge, inf2.8xlarge, custom:...)")
     ap.add_argument("--out", help="directory for the artifact (default: a temporary one)")
-    ap.add_argument("--prompt-len", type=int, default=24)
-    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=24, help="random prompt of N tokens (BOS first)")
+    ap.add_argument("--max-new-tokens", type=int, default=32, help="new tokens to generate and check")
     ap.add_argument("--serve", action="store_true", help="serve the artifact over HTTP afterwards")
     ap.add_argument(
         "--dtype",
@@ -44,6 +48,17 @@ def recipe_parser(description: str, tp: int | None = None) -> argparse.ArgumentP
     add_quant_option(ap, what="int8: weight-only int8 projections (per output channel, fp32 scales; the LM head too with "
                      "--quant-head), checked against the same quantized model (every backend)")
     return ap
+
+
+def run_recipe(main: Callable[[], int | None]) -> int:
+    """``main()``'s exit code, a library error printed as one ``error:`` line (exit 2), as the command prints it."""
+    from neuron_port.errors import NeuronPortError
+
+    try:
+        return int(main() or 0)
+    except (NeuronPortError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 def load_checked(name: str, model_dir: str | None, dtype: str = "fp32", quant: str = "none") -> tuple[Any, dict[str, Any]]:
@@ -129,6 +144,7 @@ def serve_artifact(artifact: str | Path, host: str = "127.0.0.1", port: int = 80
 
 __all__ = [
     "recipe_parser",
+    "run_recipe",
     "check_on_xla",
     "load_checked",
     "artifact_dir",

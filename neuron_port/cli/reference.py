@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from neuron_port.cli.command import DefaultsShown, build_parser
+from neuron_port.cli.command import build_parser
+from neuron_port.cli.help_format import DefaultsShown
 
 HEADER = """# CLI reference
 

@@ -7,9 +7,10 @@ import re
 
 import pytest
 
-from neuron_port.cli.command import DefaultsShown, build_parser
+from neuron_port.cli.command import build_parser
 from neuron_port.cli.commands import MODULES, artifacts, doctor, inspect, porting, serving
 from neuron_port.cli.commands.common import int_list
+from neuron_port.cli.help_format import DefaultsShown
 from tests.helpers import ROOT, run_cli
 
 GROUPS = {"describe": inspect, "shard-plan": inspect, "plan": inspect, "lint": inspect, "port": porting,

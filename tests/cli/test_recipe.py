@@ -34,3 +34,19 @@ def test_a_recipe_fails_when_its_checked_run_does(monkeypatch, capsys):
     assert "SEQ_MATCH True" in capsys.readouterr().out
     run["seq_match"] = False
     assert recipe.validate_then_serve("a", args) == 1
+
+
+def test_a_recipe_reports_a_library_error_in_one_line(capsys):
+    from neuron_port.errors import ConfigError
+
+    def failing() -> int:
+        raise ConfigError("no config found for 'x'")
+
+    assert recipe.run_recipe(failing) == 2
+    assert capsys.readouterr().err == "error: no config found for 'x'\n"
+    assert recipe.run_recipe(lambda: 0) == 0 and recipe.run_recipe(lambda: None) == 0
+
+
+def test_a_recipes_help_shows_the_degree_it_runs_at():
+    assert "tensor-parallel degree (default: 2)" in " ".join(recipe.recipe_parser("d", tp=2).format_help().split())
+    assert "(default: the planner's recommendation)" in " ".join(recipe.recipe_parser("d").format_help().split())
