@@ -53,5 +53,8 @@ def cli_reference() -> str:
     return "\n".join(lines)
 
 
+__all__ = ["HEADER", "cli_reference"]
+
+
 if __name__ == "__main__":
     print(cli_reference(), end="")
