@@ -92,7 +92,8 @@ def _served_tokenizer(path: Path, tiny: bool, vocab_size: int):
 
 def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = False, max_batch: int = 4,
                 max_queue: int = 64, buckets: Sequence[int] = (32, 64, 128), kv_lens: Sequence[int] = (256, 512),
-                batching: str = "continuous", dtype: str = "fp32", quant: str = "none") -> Served:
+                batching: str = "continuous", dtype: str = "fp32", quant: str = "none", model_id: str | None = None
+                ) -> Served:
     """A model name, model directory or artifact directory, ready to serve.
 
     Artifacts always run slim (compiled graphs + embeddings only). ``slim`` on a model compiles
@@ -100,6 +101,7 @@ def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = Fal
     ``batching``: ``continuous`` (``max_batch`` slots; the default) or ``static``. ``dtype``
     (``fp32`` or ``bf16``) is a model's graphs, weights and KV store, ``quant`` (``none``, ``int8`` or
     ``int8+head``: :data:`~neuron_port.model.quant.QUANT_SCHEMES`) its weights; an artifact keeps its own.
+    ``model_id``: the name clients give in ``model`` (default: the directory's name, or the shipped name).
     """
     if batching not in ADMISSIONS:
         raise ValueError(f"batching must be one of {ADMISSIONS}, found {batching!r}")
@@ -114,7 +116,7 @@ def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = Fal
     tokenizer = _served_tokenizer(path, tiny, port.layout.vocab_size)
     engine = Engine(port, tokenizer, slots=fixed or max_batch, max_queue=max_queue, pad_id=special.pad or 0,
                     lockstep=lockstep, admission=batching)
-    name = path.name if path.is_dir() else target
+    name = model_id or (path.name if path.is_dir() else target)
     eos = tuple(dict.fromkeys((*special.eos, *generation_eos_ids(path if path.is_dir() else None, family))))
     return Served(name, engine, tokenizer, family.vocab_size(config), eos,
                   max(port.buckets), port.buckets, chat_format(family, tokenizer, path if path.is_dir() else None),

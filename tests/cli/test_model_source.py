@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.request
 
 import pytest
 
-from tests.helpers import hub_cache, run_cli, run_cli_process
+from tests.helpers import ServerProcess, hub_cache, run_cli, run_cli_process
 
 
 @pytest.mark.parametrize("command", [["port"], ["compile", "--out", "OUT"], ["serve"]])
@@ -50,6 +51,25 @@ def test_a_hub_id_from_the_cache_compiles_and_generates_offline(smollm2_dir, tmp
     assert json.loads(res.stdout)["text"].startswith(" Paris")
     absent = run_cli_process("compile", "HuggingFaceTB/absent", "--out", str(tmp_path / "B"), env=env)
     assert absent.returncode == 2 and "HF_HUB_OFFLINE=1" in absent.stderr and "Traceback" not in absent.stderr
+    # served by its id: clients name it as the hub does, not by the snapshot's commit
+    srv = ServerProcess("HuggingFaceTB/SmolLM2-135M-Instruct", "--buckets", "16", "--kv-lens", "64", env=env, timeout=300)
+    try:
+        with urllib.request.urlopen(srv.base + "/v1/models", timeout=10) as r:
+            assert [m["id"] for m in json.loads(r.read())["data"]] == ["HuggingFaceTB/SmolLM2-135M-Instruct"]
+    finally:
+        assert srv.stop() == 0
+    assert "neuron-port: serving HuggingFaceTB/SmolLM2-135M-Instruct on" in srv.output()
+
+
+def test_the_served_name_is_the_id_as_given_or_the_one_asked_for():
+    from argparse import Namespace
+
+    from neuron_port.cli.commands.serving import served_name
+
+    hub = Namespace(served_model_name=None, model_as_given="org/model", model="/cache/snapshots/abc")
+    assert served_name(hub) == "org/model"
+    assert served_name(Namespace(served_model_name=None, model_as_given="dir", model="dir")) is None
+    assert served_name(Namespace(served_model_name="chat", model_as_given="org/model", model="/x")) == "chat"
 
 
 @pytest.mark.slow

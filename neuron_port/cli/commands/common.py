@@ -35,6 +35,7 @@ def resolve_model_argument(args: argparse.Namespace) -> None:
     from neuron_port.model.configs import HUB_IDS, SHIPPED
     from neuron_port.model.hub import resolve_model
 
+    args.model_as_given = args.model  # a hub id stays the name a server answers to
     args.model = resolve_model(args.model, getattr(args, "revision", None))
     is_config = args.model in SHIPPED or Path(args.model).is_file()  # anything else: a directory, or the loader says
     if not hasattr(args, "random_weights") or not is_config or args.tiny or args.random_weights:

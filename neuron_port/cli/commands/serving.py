@@ -20,13 +20,22 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     load = functools.partial(load_served, args.model, tiny=args.tiny, seed=args.seed, slim=args.slim,
                              max_batch=args.max_batch, max_queue=args.max_queue, buckets=tuple(args.buckets),
                              kv_lens=tuple(args.kv_lens), batching=args.batching, dtype=args.dtype,
-                             quant=args.quant)
+                             quant=args.quant, model_id=served_name(args))
     try:
         serve(build_app(load, api_key=args.api_key, max_body_bytes=args.max_body_bytes), host=args.host, port=args.port,
-              log_level=args.log_level, model_name=args.model)
+              log_level=args.log_level, model_name=getattr(args, "model_as_given", args.model))
     except KeyboardInterrupt:  # Ctrl-C before the server took over its signals
         print("neuron-port: stopped", file=sys.stderr)
     return 0
+
+
+def served_name(args: argparse.Namespace) -> str | None:
+    """The model name clients send: ``--served-model-name``, else a Hugging Face id as given (not its snapshot
+    directory's commit), else None (the loader's default: a directory's name, a shipped name)."""
+    if args.served_model_name:
+        return args.served_model_name
+    given = getattr(args, "model_as_given", args.model)
+    return given if given != args.model else None
 
 
 def add(sub) -> None:
@@ -39,6 +48,9 @@ def add(sub) -> None:
     p.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level; info and debug add an access log line per request")
+    p.add_argument("--served-model-name", default=None,
+                   help="the name clients give in 'model' (default: a Hugging Face id as given, a directory's name, or "
+                        "the shipped name)")
     p.add_argument("--slim", action="store_true", help="keep only embeddings and compiled graphs on the host")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
     p.add_argument("--max-queue", type=int, default=64, help="waiting requests beyond this get 429")
