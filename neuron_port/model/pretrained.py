@@ -25,7 +25,6 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from neuron_port.errors import PretrainedUnavailableError
 from neuron_port.progress import progress
@@ -142,10 +141,11 @@ def pretrained_dir(name: str, cache_dir: str | Path | None = None) -> Path:
         with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=root) as tmp:
             work = Path(tmp)
             out = work / "model"
-            with progress(total=4, desc=f"converting {name} (first use)", unit="step", at_least=1) as bar:
-                gguf = spec.gguf(work)
+            with progress(total=2, desc=f"converting {name} (first use)", unit="step", at_least=1) as bar:
+                gguf = spec.gguf(work)  # the GGUF file, its parts joined
                 bar.update(1)
-                _write_hf_dir(gguf, out, bar)
+                _write_hf_dir(gguf, out)  # dequantized and written (transformers draws its own bars inside)
+                bar.update(1)
             os.replace(out, target)
     return target
 
@@ -159,10 +159,8 @@ def _drop_quantization(config_file: Path) -> None:
     config_file.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def _write_hf_dir(gguf_file: Path, out: Path, bar: Any = None) -> None:
-    """Dequantize ``gguf_file`` and write it as a plain Hugging Face directory in ``out`` (``bar``: a progress bar
-    moved on by three steps: dequantized, weights written, tokenizer written)."""
-    step = bar.update if bar is not None else (lambda n: None)
+def _write_hf_dir(gguf_file: Path, out: Path) -> None:
+    """Dequantize ``gguf_file`` and write it as a plain Hugging Face directory in ``out``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -173,13 +171,10 @@ def _write_hf_dir(gguf_file: Path, out: Path, bar: Any = None) -> None:
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
     del loaded
-    step(1)
     model.save_pretrained(out)
     _drop_quantization(out / "config.json")
-    step(1)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
     tokenizer.save_pretrained(out)
-    step(1)
     if not (out / "generation_config.json").exists():
         GenerationConfig.from_model_config(model.config).save_pretrained(out)
     shutil.rmtree(out / ".cache", ignore_errors=True)
