@@ -95,3 +95,7 @@ class Rejected(NeuronPortError):
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
         super().__init__(message)
         self.status, self.message, self.kind, self.param = status, message, kind, param
+
+
+class ClientGone(NeuronPortError):
+    """The client of a whole (not streamed) response closed its connection before the answer was ready."""

@@ -12,10 +12,9 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
-from neuron_port.errors import BucketError, Rejected
+from neuron_port.errors import Rejected
 from neuron_port.generation.request import GenerationParams
 from neuron_port.generation.sampling import SamplingParams
-from neuron_port.graph.shapes import select_bucket
 from neuron_port.serve.loading import Served
 from neuron_port.serve.schemas import ChatRequest, CommonFields
 
@@ -85,10 +84,10 @@ def _checked_ids(served: Served, ids: list[int], where: str, scored: bool = Fals
             raise Rejected(400, f"{where} of {len(ids)} tokens is longer than the context of {served.kv_len} tokens",
                            param="prompt")
         return ids
-    try:
-        select_bucket(len(ids), served.buckets)
-    except BucketError as exc:
-        raise Rejected(400, f"{where}: {exc}", param="prompt") from None
+    if len(ids) > max(served.buckets):
+        raise Rejected(400, f"{where} of {len(ids)} tokens is longer than the largest prompt bucket ({max(served.buckets)}); "
+                            "send a shorter prompt, or serve with a larger --buckets (an artifact: compile it with one)",
+                       param="prompt")
     return ids
 
 

@@ -1,8 +1,9 @@
 """The OpenAI-compatible HTTP app: routes, errors, auth, limits, metrics; and ``serve`` to run it.
 
-Routes: ``GET /v1/models``, ``GET /health`` (503 while loading or draining), ``GET /metrics``
-(Prometheus text), ``POST /v1/completions`` and ``POST /v1/chat/completions`` (``stream: true``
-as server-sent events ending in ``data: [DONE]``). Errors are OpenAI-style objects
+Routes: ``GET /v1/models``, ``GET``/``HEAD /health`` (503 while loading or draining),
+``GET``/``HEAD /metrics`` (Prometheus text, with vLLM's time-to-first-token and inter-token
+histograms), ``POST /v1/completions`` and ``POST /v1/chat/completions`` (``stream: true`` as
+server-sent events ending in ``data: [DONE]``). Errors are OpenAI-style objects
 ``{"error": {"message", "type", "param", "code"}}``: 400 for bad input (malformed JSON, wrong
 types, unknown or unsupported parameters, a prompt over the largest bucket, more tokens than the
 context), 401 without the bearer token when an API key is set, 404 for an unknown model, 413 for
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -77,8 +79,8 @@ class ServerApp:
         app = self.app
         app.add_exception_handler(RequestValidationError, self.on_validation_error)
         app.add_exception_handler(StarletteHTTPException, self.on_http_error)
-        app.get("/health")(self.health)
-        app.get("/metrics")(self.metrics_page)
+        app.api_route("/health", methods=["GET", "HEAD"])(self.health)  # HEAD: load balancers' probes
+        app.api_route("/metrics", methods=["GET", "HEAD"])(self.metrics_page)
         app.get("/v1/models")(self.list_models)
 
         async def completions(body: CompletionRequest, http: HttpRequest):
@@ -126,7 +128,8 @@ class ServerApp:
     async def metrics_page(self):
         served = self.state["served"]
         engine = served.engine if served else None
-        text = render_metrics(self.metrics, engine.queue_depth if engine else 0, engine.running if engine else 0)
+        text = render_metrics(self.metrics, engine.queue_depth if engine else 0, engine.running if engine else 0,
+                              served.model_id if served else "")
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     async def list_models(self):
@@ -137,6 +140,7 @@ class ServerApp:
     # ---- completions -------------------------------------------------------------------------
     async def complete(self, body: CommonFields, http: HttpRequest, chat: bool):
         """Check (off the loop), queue one engine request per choice, and answer (streamed or whole)."""
+        arrived = time.monotonic()
         served = self.state["served"]
         if served is None:
             return error(503, self.state["error"] or "the model is still loading", "server_error",
@@ -156,9 +160,9 @@ class ServerApp:
         except NeuronPortError as exc:  # the engine stopped
             return error(503, str(exc), "server_error")
         self.metrics.add("prompt_tokens", sum(len(p) for p in admitted.prompts))
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        usage_chunks = body.stream_options.usage_chunks() if body.stream_options else "none"
         reply = Reply(served, self.metrics, chat, requests, queue, admitted.prompts, admitted.logprobs,
-                      body.return_token_ids, include_usage, admitted.echo)
+                      body.return_token_ids, usage_chunks, admitted.echo, arrived)
         if body.stream:
             return StreamingResponse(reply.stream(), media_type="text/event-stream")
         return await reply.whole(http.is_disconnected)
@@ -188,7 +192,6 @@ def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_timeout
     fails to load stops the server at once: :class:`~neuron_port.errors.ServeError`, one line."""
     import logging
     import signal
-    import time
 
     import uvicorn
 

@@ -46,6 +46,7 @@ class Submission:
     cancelled: threading.Event = field(default_factory=threading.Event)
     created: float = field(default_factory=time.monotonic)
     finished: bool = False  # its final event (None or an exception) was delivered
+    token_times: list[float] = field(default_factory=list)  # when each token was told (monotonic), for TTFT and ITL
 
     def tell(self, event: TokenEvent | PromptScores | BaseException | None) -> None:
         """Deliver an event; a final one (None or an exception) only once. A callback that fails
@@ -53,6 +54,8 @@ class Submission:
         if self.finished:
             return
         self.finished = event is None or isinstance(event, BaseException)
+        if isinstance(event, TokenEvent):
+            self.token_times.append(time.monotonic())  # before the submitter hears of it
         try:
             self.on_event(event)
         except Exception:  # noqa: BLE001 - see above

@@ -7,10 +7,13 @@
   parameter, or one OpenAI defines that this server does not implement, says exactly that.
 * :func:`documented_openapi`: the schema FastAPI generates, corrected to what the server does:
   400 (not 422) with the error object, and 401, 404, 413, 429, 503.
+* :func:`log_refusal`: one log line for every 4xx answer, with the reason the client was given.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from typing import Any
 
 from fastapi import FastAPI
@@ -18,6 +21,22 @@ from fastapi.openapi.utils import get_openapi
 
 from neuron_port.serve.reply import error
 from neuron_port.serve.schemas import NOT_IMPLEMENTED
+
+LOG = logging.getLogger("uvicorn.error")  # the server runs under uvicorn: its lines go where uvicorn's go
+
+
+def log_refusal(scope: dict, status: int, body: bytes) -> None:
+    """Log a 4xx answer with its reason (the error object's message): a warning, or an info line for a
+    client that closed its request (499)."""
+    if not 400 <= status < 500:
+        return
+    try:
+        reason = json.loads(body or b"{}").get("error", {}).get("message") or ""
+    except (ValueError, AttributeError):
+        reason = ""
+    client = (scope.get("client") or ("?",))[0]
+    line = f"neuron-port: {status} {scope.get('method', '?')} {scope.get('path', '?')} from {client}: {reason}".rstrip(": ")
+    LOG.log(logging.INFO if status == 499 else logging.WARNING, line)
 
 
 class BodyLimit:
@@ -30,6 +49,7 @@ class BodyLimit:
         if self.count is not None:
             self.count(scope, 413)
         response = error(413, f"the request body is larger than the server's limit of {self.limit} bytes", param="body")
+        log_refusal(scope, 413, response.body)
         await response(scope, receive, send)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -62,7 +82,7 @@ class BodyLimit:
 class FrontDoor:
     """Every HTTP request: ``gate(scope)`` may answer it first (auth, drain); otherwise the app runs,
     an exception it lets out becomes a JSON 500 (never plain text), and ``count(scope, status)``
-    records every answer. A pure ASGI middleware, so the app reads the client's own channel
+    records every answer (and :func:`log_refusal` every 4xx). A pure ASGI middleware, so the app reads the client's own channel
     (``Request.is_disconnected`` works inside a handler)."""
 
     def __init__(self, app: Any, gate: Any, count: Any):
@@ -74,12 +94,16 @@ class FrontDoor:
         refusal = self.gate(scope)
         if refusal is not None:
             self.count(scope, refusal.status_code)
+            log_refusal(scope, refusal.status_code, refusal.body)
             return await refusal(scope, receive, send)
         status: list[int] = []
+        refused_body = bytearray()
 
         async def recorded(message: dict) -> None:
             if message["type"] == "http.response.start":
                 status.append(message["status"])
+            elif message["type"] == "http.response.body" and status and 400 <= status[0] < 500:
+                refused_body.extend(message.get("body", b""))
             await send(message)
 
         try:
@@ -91,6 +115,8 @@ class FrontDoor:
             await response(scope, receive, send)
             status.append(500)
         self.count(scope, status[0] if status else 500)
+        if status:
+            log_refusal(scope, status[0], bytes(refused_body))
 
 
 def validation_message(errors: list[dict]) -> tuple[str, str | None]:
@@ -133,4 +159,4 @@ def documented_openapi(app: FastAPI) -> dict:
     return schema
 
 
-__all__ = ["BodyLimit", "FrontDoor", "validation_message", "documented_openapi"]
+__all__ = ["BodyLimit", "FrontDoor", "validation_message", "documented_openapi", "log_refusal"]

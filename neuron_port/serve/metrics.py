@@ -13,12 +13,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# vLLM's bucket bounds for its time-to-first-token and inter-token histograms, so dashboards built for vLLM read ours
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+                80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 UNMATCHED = "unmatched"
 COUNTERS = {
     "prompt_tokens": "Prompt tokens of accepted requests.",
     "generated_tokens": "Tokens generated.",
     "cancelled": "Requests whose client went away before the end.",
     "server_errors": "Responses with a 5xx status.",
+}
+# (name, help, bounds): the per-token histograms, named as vLLM names them (label model_name)
+TOKEN_HISTOGRAMS = {
+    "ttft": ("vllm:time_to_first_token_seconds", "Time from a request's arrival to its first token.", TTFT_BUCKETS),
+    "itl": ("vllm:inter_token_latency_seconds", "Time between two tokens of one choice.", ITL_BUCKETS),
+    "e2e": ("vllm:e2e_request_latency_seconds", "Time from a request's arrival to its last token.", TTFT_BUCKETS),
 }
 
 
@@ -34,14 +44,42 @@ def escape(value: str) -> str:
 
 
 @dataclass
+class Histogram:
+    """A Prometheus histogram: per-bucket counts (not yet cumulative; the last is +Inf), their sum and count."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = self.counts or [0] * (len(self.bounds) + 1)
+
+    def observe(self, seconds: float) -> None:
+        self.counts[next((i for i, bound in enumerate(self.bounds) if seconds <= bound), len(self.bounds))] += 1
+        self.total += seconds
+        self.count += 1
+
+    def samples(self, name: str, labels: str = "") -> list[str]:
+        """The ``_bucket`` (cumulative), ``_sum`` and ``_count`` lines; ``labels``: ``key="value"`` pairs or ''."""
+        sep = "," if labels else ""
+        running, lines = 0, []
+        for bound, n in zip((*self.bounds, "+Inf"), self.counts, strict=True):
+            running += n
+            lines.append(f'{name}_bucket{{{labels}{sep}le="{bound}"}} {running}')
+        braces = f"{{{labels}}}" if labels else ""
+        return [*lines, f"{name}_sum{braces} {self.total:.6f}", f"{name}_count{braces} {self.count}"]
+
+
+@dataclass
 class Metrics:
-    """Counters and the latency histogram, updated from the event loop and the engine thread."""
+    """Counters and histograms, updated from the event loop and the engine thread."""
 
     requests: dict[tuple[str, int], int] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=lambda: {name: 0 for name in COUNTERS})
-    latency: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
-    latency_sum: float = 0.0
-    latency_count: int = 0
+    latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    tokens: dict[str, Histogram] = field(default_factory=lambda: {key: Histogram(bounds) for key, (_, _, bounds)
+                                                                  in TOKEN_HISTOGRAMS.items()})
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, counter: str, n: int) -> None:
@@ -49,13 +87,15 @@ class Metrics:
             self.counters[counter] += n
 
     def observe(self, seconds: float) -> None:
+        """A request's time from arrival to its last token."""
         with self.lock:
-            for i, bound in enumerate(LATENCY_BUCKETS):
-                if seconds <= bound:
-                    self.latency[i] += 1
-            self.latency[-1] += 1
-            self.latency_sum += seconds
-            self.latency_count += 1
+            self.latency.observe(seconds)
+            self.tokens["e2e"].observe(seconds)
+
+    def observe_token(self, key: str, seconds: float) -> None:
+        """A time to first token (``ttft``) or between two tokens (``itl``)."""
+        with self.lock:
+            self.tokens[key].observe(seconds)
 
     def count(self, route: str, status: int) -> None:
         with self.lock:
@@ -79,33 +119,25 @@ def _family(name: str, kind: str, help_text: str, samples: list[str]) -> list[st
     return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *samples]
 
 
-def render_metrics(m: Metrics, queue_depth: int, running: int) -> str:
-    """The Prometheus text exposition of ``m`` plus the engine's queue depth and running count."""
+def render_metrics(m: Metrics, queue_depth: int, running: int, model_name: str = "") -> str:
+    """The Prometheus text exposition of ``m`` plus the engine's queue depth and running count;
+    ``model_name`` labels the vLLM-named families."""
     with m.lock:
         requests = sorted(m.requests.items())
         counters = dict(m.counters)
-        latency, total, count = list(m.latency), m.latency_sum, m.latency_count
+        latency = Histogram(m.latency.bounds, list(m.latency.counts), m.latency.total, m.latency.count)
+        tokens = {key: Histogram(h.bounds, list(h.counts), h.total, h.count) for key, h in m.tokens.items()}
     lines = _family("neuron_port_requests_total", "counter", "HTTP requests by route template and status.",
                     [f'neuron_port_requests_total{{route="{escape(route)}",status="{status}"}} {n}'
                      for (route, status), n in requests])
     for key, help_text in COUNTERS.items():
         name = f"neuron_port_{key}_total" if key != "cancelled" else "neuron_port_cancelled_requests_total"
         lines += _family(name, "counter", help_text, [f"{name} {counters[key]}"])
-    buckets = [
-        f'neuron_port_request_latency_seconds_bucket{{le="{bound}"}} {n}'
-        for bound, n in zip(LATENCY_BUCKETS, latency, strict=False)
-    ]
-    lines += _family(
-        "neuron_port_request_latency_seconds",
-        "histogram",
-        "Time from request to last token.",
-        [
-            *buckets,
-            f'neuron_port_request_latency_seconds_bucket{{le="+Inf"}} {latency[-1]}',
-            f"neuron_port_request_latency_seconds_sum {total:.6f}",
-            f"neuron_port_request_latency_seconds_count {count}",
-        ],
-    )
+    lines += _family("neuron_port_request_latency_seconds", "histogram", "Time from request to last token.",
+                     latency.samples("neuron_port_request_latency_seconds"))
+    label = f'model_name="{escape(model_name)}"'
+    for key, (name, help_text, _) in TOKEN_HISTOGRAMS.items():
+        lines += _family(name, "histogram", help_text, tokens[key].samples(name, label))
     lines += _family(
         "neuron_port_queue_depth", "gauge", "Requests waiting for a slot.", [f"neuron_port_queue_depth {queue_depth}"]
     )
@@ -121,4 +153,5 @@ def render_metrics(m: Metrics, queue_depth: int, running: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["LATENCY_BUCKETS", "UNMATCHED", "COUNTERS", "Metrics", "route_label", "escape", "host_rss_bytes", "render_metrics"]
+__all__ = ["LATENCY_BUCKETS", "TTFT_BUCKETS", "ITL_BUCKETS", "TOKEN_HISTOGRAMS", "UNMATCHED", "COUNTERS", "Histogram",
+           "Metrics", "route_label", "escape", "host_rss_bytes", "render_metrics"]

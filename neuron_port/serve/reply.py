@@ -1,15 +1,20 @@
 """One accepted request's answer: the engine's events for its ``n`` choices, as an OpenAI response.
 
 Whole responses collect every choice; streamed ones send one server-sent event per token (with
-its choice index), a usage chunk when ``stream_options.include_usage`` asks for it, and
-``data: [DONE]``. A choice that fails ends the request with an OpenAI error object — or, once a
-stream has started, an SSE ``error`` event followed by ``[DONE]``. Log-probabilities come in
+its choice index), a usage chunk when ``stream_options.include_usage`` asks for it (and the usage
+so far in every chunk with ``continuous_usage_stats``, as vLLM sends it), and ``data: [DONE]``. A
+choice that fails ends the request with an OpenAI error object — or, once a stream has started,
+an SSE ``error`` event followed by ``[DONE]``. Log-probabilities come in
 OpenAI's two shapes: ``tokens``/``token_logprobs``/``top_logprobs``/``text_offset`` for
 completions, ``content: [{token, logprob, bytes, top_logprobs}]`` for chat; a token's text is
 what it adds to the text before it (decoded in a short window of context, so leading spaces
 survive), and ``text_offset`` counts those texts. With ``echo`` a completion's text starts with the
 prompt's, and its log-probabilities with the prompt tokens' (the first one's ``null``, as OpenAI and
 vLLM give it), all from the engine's :class:`PromptScores`.
+
+Each token's time (stamped by the engine when it was made) feeds the time-to-first-token and
+inter-token histograms. A client that leaves a whole response before it is ready gets a quiet 499
+(nginx's "client closed request"; nobody reads it) and its choices stop.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from neuron_port.errors import ClientGone
 from neuron_port.generation.request_state import CONTEXT_TOKENS, PromptScores, TokenEvent
 from neuron_port.serve.engine import Submission
 from neuron_port.serve.loading import Served
@@ -44,21 +50,27 @@ def _sse(obj: dict) -> str:
 
 
 DISCONNECT_POLL_S = 1.0
+CLIENT_CLOSED = 499
+USAGE_CHUNKS = ("none", "last", "every")
 
 
 class Reply:
     """The events of a request's choices (one engine request each), turned into its response."""
 
     def __init__(self, served: Served, metrics: Metrics, chat: bool, requests: list[Submission], queue: asyncio.Queue,
-                 prompts: list[list[int]], logprobs: int | None, with_ids: bool, include_usage: bool, echo: bool = False):
+                 prompts: list[list[int]], logprobs: int | None, with_ids: bool, usage_chunks: str = "none",
+                 echo: bool = False, arrived: float | None = None):
+        if usage_chunks not in USAGE_CHUNKS:
+            raise ValueError(f"usage_chunks must be one of {USAGE_CHUNKS}, found {usage_chunks!r}")
         self.served, self.metrics, self.chat, self.requests, self.queue = served, metrics, chat, requests, queue
         self.prompt_tokens = sum(len(p) for p in prompts)  # each prompt once, whatever its n
-        self.logprobs, self.with_ids, self.include_usage, self.echo = logprobs, with_ids, include_usage, echo
+        self.logprobs, self.with_ids, self.usage_chunks, self.echo = logprobs, with_ids, usage_chunks, echo
+        self.told = [0] * len(requests)  # tokens seen per choice
         self.context = [list(req.prompt[-CONTEXT_TOKENS:]) for req in requests]  # per choice, for token texts
         self.offsets = [0] * len(requests)
         self.rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
-        self.started = time.monotonic()
+        self.started = time.monotonic() if arrived is None else arrived
 
     def usage(self, n: int) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n}
@@ -83,7 +95,7 @@ class Reply:
                 checked = time.monotonic()
                 if await disconnected():
                     self.cancel()
-                    raise asyncio.CancelledError("the client went away")
+                    raise ClientGone("the client went away")
             if index is None:
                 continue
             if ev is None:
@@ -92,7 +104,20 @@ class Reply:
             if isinstance(ev, BaseException):
                 self.cancel(client_left=False)
                 raise ev
+            if isinstance(ev, TokenEvent):
+                self._time_token(index)
             yield index, ev
+
+    def _time_token(self, index: int) -> None:
+        """Observe the time to this choice's first token, or since its previous one, from the engine's stamps."""
+        k, stamps = self.told[index], getattr(self.requests[index], "token_times", ())
+        self.told[index] += 1
+        if k >= len(stamps):
+            return
+        if k == 0:
+            self.metrics.observe_token("ttft", stamps[0] - self.started)
+        else:
+            self.metrics.observe_token("itl", stamps[k] - stamps[k - 1])
 
     # ---- log-probabilities ------------------------------------------------------------------
     def _text_of(self, context: list[int], token_id: int) -> str:
@@ -183,6 +208,8 @@ class Reply:
                     continue
                 per_choice[index].append(ev)
                 self.metrics.add("generated_tokens", 1)
+        except ClientGone:
+            return error(CLIENT_CLOSED, "the client closed the request", "client_closed")
         except asyncio.CancelledError:
             if not any(req.cancelled.is_set() for req in self.requests):
                 self.cancel()
@@ -198,21 +225,25 @@ class Reply:
         body = self._envelope(choices, False)
         return {**body, "usage": self.usage(sum(len(evs) for evs in per_choice))}
 
+    def _chunk(self, choices: list[dict], generated: int) -> str:
+        body = self._envelope(choices, True)
+        return _sse({**body, "usage": self.usage(generated)} if self.usage_chunks == "every" else body)
+
     async def stream(self) -> AsyncIterator[str]:
         generated, finished = 0, False
         try:
             if self.chat:
-                yield _sse(self._envelope([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                            "finish_reason": None} for i in range(len(self.requests))], True))
+                yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                    "finish_reason": None} for i in range(len(self.requests))], 0)
             async for index, ev in self.events():
                 if isinstance(ev, PromptScores):  # echo is refused with stream: never sent
                     continue
                 generated += 1
                 self.metrics.add("generated_tokens", 1)
-                yield _sse(self._envelope([self._choice(index, [ev], ev.finish_reason, True)], True))
+                yield self._chunk([self._choice(index, [ev], ev.finish_reason, True)], generated)
             finished = True
             self.metrics.observe(time.monotonic() - self.started)
-            if self.include_usage:
+            if self.usage_chunks != "none":
                 yield _sse({**self._envelope([], True), "usage": self.usage(generated)})
             yield "data: [DONE]\n\n"
         except Exception as exc:  # noqa: BLE001 - the stream has started: an error event, then [DONE]
@@ -225,4 +256,4 @@ class Reply:
                 self.cancel()  # the client went away mid-stream: free its slots
 
 
-__all__ = ["error", "error_body", "Reply"]
+__all__ = ["error", "error_body", "Reply", "CLIENT_CLOSED", "USAGE_CHUNKS"]

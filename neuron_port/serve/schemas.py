@@ -3,7 +3,8 @@
 Every field the server takes is declared here; any other field is a 400 that names it (a field
 OpenAI defines but this server does not implement — ``suffix``, ``best_of``, ``tools``,
 ``response_format``, ``echo`` on chat and the like — says so). Names follow OpenAI, with vLLM's extras (``top_k``,
-``repetition_penalty``, ``ignore_eos``, ``return_token_ids``).
+``repetition_penalty``, ``ignore_eos``, ``return_token_ids``, ``stream_options.continuous_usage_stats``).
+docs/serving.md lists what guidellm, aiperf, lm-evaluation-harness and the openai client send.
 """
 
 from __future__ import annotations
@@ -24,8 +25,19 @@ NOT_IMPLEMENTED = ("echo", "suffix", "best_of", "tools", "tool_choice", "functio
 
 
 class StreamOptions(BaseModel):
+    """``include_usage``: a last chunk with the usage; ``continuous_usage_stats`` (vLLM's extension, which
+    guidellm always sends): with ``include_usage``, every chunk also carries the usage so far."""
+
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+    def usage_chunks(self) -> str:
+        """Which chunks carry the usage: ``none``, the ``last`` one, or ``every`` one (vLLM's rule: continuous
+        usage only with ``include_usage``)."""
+        if not self.include_usage:
+            return "none"
+        return "every" if self.continuous_usage_stats else "last"
 
 
 class CommonFields(BaseModel):

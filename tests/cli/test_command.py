@@ -72,3 +72,12 @@ def test_every_option_has_help_and_shows_its_default():
                 assert "default" in shown._get_help_string(action), (name, action.option_strings)
     compile_help = " ".join(commands["compile"].format_help().split())
     assert "(default: 32,64,128)" in compile_help and "(default: 256)" in compile_help
+
+
+def test_serve_leaves_one_core_to_the_http_side_and_refuses_zero_threads(capsys):
+    from neuron_port.cli.commands.serving import default_threads
+
+    assert [default_threads(n) for n in (1, 2, 4, 16)] == [1, 1, 3, 15]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "gemma-4-e2b", "--threads", "0"])
+    assert "expected at least 1 thread, found 0" in capsys.readouterr().err

@@ -140,7 +140,7 @@ def test_bad_chat_requests_and_health_afterwards(server, client):
 @pytest.fixture(scope="module")
 def small_server():
     srv = ServerProcess(MODEL, "--tiny", "--max-batch", "1", "--max-queue", "1", "--api-key", "sekret",
-                        "--buckets", "32", "--kv-lens", "64,256")
+                        "--buckets", "32", "--kv-lens", "64,256", "--threads", "1")
     yield srv
     srv.stop()
 
@@ -186,6 +186,40 @@ def test_client_disconnect_frees_its_slot(small_server):
     assert generated() - before < 240  # the abandoned request did not run to its end
     assert "neuron_port_cancelled_requests_total 1" in httpx.get(small_server.base + "/metrics").text
 
+
+
+def test_a_client_that_leaves_a_whole_response_is_a_quiet_499(small_server):
+    import time
+
+    body = {"model": MODEL, "prompt": [2, 5, 6], "max_tokens": 240, "temperature": 0, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(small_server.base + "/v1/completions", json=body, headers=_auth(), timeout=0.5)
+    deadline = time.time() + 30
+    while "499 POST /v1/completions" not in small_server.output() and time.time() < deadline:
+        time.sleep(0.2)
+    out = small_server.output()
+    assert "neuron-port: 499 POST /v1/completions from 127.0.0.1: the client closed the request" in out
+    assert "Traceback" not in out and "CancelledError" not in out and "ERROR" not in out
+    assert 'status="499"' in httpx.get(small_server.base + "/metrics").text
+
+
+def test_head_probes_threads_and_logged_refusals(small_server):
+    assert httpx.head(small_server.base + "/health").status_code == 200
+    head = httpx.head(small_server.base + "/metrics")
+    assert head.status_code == 200 and head.content == b""
+    long = httpx.post(small_server.base + "/v1/completions", headers=_auth(), timeout=60,
+                      json={"model": MODEL, "prompt": [2] * 40, "max_tokens": 2})
+    message = long.json()["error"]["message"]
+    assert long.status_code == 400 and "largest prompt bucket (32)" in message and "--buckets" in message
+    odd = httpx.post(small_server.base + "/v1/completions", headers=_auth(), timeout=60,
+                     json={"model": MODEL, "prompt": [2], "max_tokens": 2, "colour": "red"})
+    assert odd.status_code == 400
+    assert httpx.post(small_server.base + "/v1/completions", json={"model": MODEL, "prompt": [2]}).status_code == 401
+    out = small_server.output()
+    assert "neuron-port: 1 torch thread (--threads)" in out
+    assert "neuron-port: 400 POST /v1/completions from 127.0.0.1: unknown parameter 'colour'" in out
+    assert f"neuron-port: 400 POST /v1/completions from 127.0.0.1: {message}" in out
+    assert "neuron-port: 401 POST /v1/completions from 127.0.0.1: missing or wrong API key" in out
 
 _FIELDS = ["model", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "n",
            "ignore_eos", "repetition_penalty", "max_completion_tokens", "extra"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 
 from neuron_port.cli.commands.common import MODEL_HELP, add_dtype_option, add_model_source_options, int_list
@@ -17,6 +18,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:  # pragma: no cover - the serve extra is missing
         raise MissingExtraError(f"serving needs the 'serve' extra: pip install 'neuron-port[serve]' ({exc})") from None
 
+    import torch
+
+    threads = args.threads or default_threads()
+    torch.set_num_threads(threads)  # before the model loads: every graph runs with it
+    print(f"neuron-port: {threads} torch thread{'s' if threads > 1 else ''} (--threads)", file=sys.stderr)
     load = functools.partial(load_served, args.model, tiny=args.tiny, seed=args.seed, slim=args.slim,
                              max_batch=args.max_batch, max_queue=args.max_queue, buckets=tuple(args.buckets),
                              kv_lens=tuple(args.kv_lens), batching=args.batching, dtype=args.dtype,
@@ -27,6 +33,22 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C before the server took over its signals
         print("neuron-port: stopped", file=sys.stderr)
     return 0
+
+
+def default_threads(cores: int | None = None) -> int:
+    """Torch threads for the server's graphs: every core this process may use but one, which is left to the
+    HTTP side (the event loop, tokenizing, and a load tool on the same host); at least one. On a 2-core host a
+    second torch thread competing with the event loop and the client more than doubled the time between tokens."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - 1)
+
+
+def _threads(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1 thread, found {value}")
+    return value
 
 
 def served_name(args: argparse.Namespace) -> str | None:
@@ -57,6 +79,9 @@ def add(sub) -> None:
     p.add_argument("--max-batch", type=int, default=4, help="requests decoded together (the continuous engine's slots)")
     p.add_argument("--batching", default="continuous", choices=["continuous", "static"],
                    help="continuous: requests join free slots at every step; static: whole batches (for comparison)")
+    p.add_argument("--threads", type=_threads, default=None,
+                   help="torch threads running the graphs (default: the cores this process may use, less one left to "
+                        "the HTTP side)")
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="larger request bodies get 413")
     p.add_argument("--buckets", type=int_list, default=[32, 64, 128],
                    help="prompt buckets of a model built here: the longest is the longest prompt served")
@@ -67,4 +92,4 @@ def add(sub) -> None:
     p.set_defaults(func=_cmd_serve)
 
 
-__all__ = ["add"]
+__all__ = ["add", "default_threads"]
