@@ -31,6 +31,9 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
     continuous_usage_stats: bool = False
+    # OpenAI's random padding of stream events against length side channels (the openai client sends it when asked):
+    # taken and not applied, the server is meant for a trusted network (say so when that changes)
+    include_obfuscation: bool = False
 
     def usage_chunks(self) -> str:
         """Which chunks carry the usage: ``none``, the ``last`` one, or ``every`` one (vLLM's rule: continuous

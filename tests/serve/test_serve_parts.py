@@ -100,6 +100,7 @@ def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk_as_vllm_does
     assert ["usage" in c for c in last] == [False, False, False, True] and last[-1]["usage"]["completion_tokens"] == 3
     # vLLM's rule: continuous usage only with include_usage
     assert StreamOptions(continuous_usage_stats=True).usage_chunks() == "none"
+    assert StreamOptions(include_usage=True, include_obfuscation=True).usage_chunks() == "last"  # the openai client's
     assert all("usage" not in c for c in _stream(False, "none"))
 
 
