@@ -10,7 +10,10 @@ its KV length first when the prefill wrote a shorter one). Compiled graphs take 
 batch, so there the prefill runs over ``slots`` rows with the new prompts in their slots' rows and
 every other row empty (it writes nothing there); eager graphs prefill just the new rows. The other
 slots only wait for that prefill; their KV rows are untouched. :meth:`SlotBatch.step` decodes
-every slot once; a finished request frees its slot at once, and empty slots decode as padding.
+the occupied slots once, on the fewest rows that hold them (a request takes the lowest free slot;
+compiled ports carry decode graphs for fewer rows, :func:`~neuron_port.graph.shapes.occupancy_rows`),
+so one request alone does not pay for every slot; a finished request frees its slot at once, and
+empty slots below the last occupied one decode as padding.
 
 A request that scores its prompt (``GenerationParams.prompt_logprobs``) prefills its first token
 alone and is fed the rest one decode step each, every step's logits scoring the token fed next:
@@ -183,21 +186,24 @@ class SlotBatch:
         return min((kv for kv in self.port.runners.decode if kv >= needed), default=self.kv_len)
 
     def step(self) -> list[Outcome]:
-        """One decode step of every slot, at the shortest KV length holding the active ones (the
-        graph runs on a prefix of the one store); the events of the active ones."""
+        """One decode step of the occupied slots, at the shortest KV length holding the active ones and
+        over the fewest rows holding them (the first ``rows`` slots: a request takes the lowest free slot):
+        the graph runs on a prefix of the one store, its rows and slots; the events of the active ones."""
         active = self.active
         if not active or self.store is None:
             return []
         with self.mode():
             t0 = time.perf_counter()
             kv = self.decode_length(active)
-            steps = torch.clamp(self.positions, max=kv - 1)  # a waiting slot's stale position stays in range
-            inputs = self.port.inputs.decode(self.tokens, steps, kv)
-            store = self.store if kv == self.kv_len else self.store.prefix(self.port.stores.specs[kv])
+            rows, runner = self.port.runners.decode_step(max(active) + 1, kv)
+            steps = torch.clamp(self.positions[:rows], max=kv - 1)  # a waiting slot's stale position stays in range
+            inputs = self.port.inputs.decode(self.tokens[:rows], steps, kv)
+            whole = kv == self.kv_len and rows == self.slots
+            store = self.store if whole else self.store.prefix(self.port.stores.specs[kv], rows)
             host = time.perf_counter() - t0
             g0 = time.perf_counter()
-            logits, answer = run_step(self.port.runners.decode[kv], inputs, store)
-            if kv == self.kv_len:
+            logits, answer = run_step(runner, inputs, store)
+            if whole:
                 self.store = answer
             else:
                 self.store.write_prefix(answer)

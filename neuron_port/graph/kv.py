@@ -128,8 +128,9 @@ class KVStore:
         """This store copied into the larger ``new`` spec (see :func:`grow`)."""
         return KVStore.from_tensors(new, grow(self.tensors(), self.spec, new, last_position))
 
-    def prefix(self, spec: KVStoreSpec) -> KVStore:
-        """This store seen at a shorter KV length: views of each buffer's first ``spec`` slots, no copy.
+    def prefix(self, spec: KVStoreSpec, rows: int | None = None) -> KVStore:
+        """This store seen at a shorter KV length: views of each buffer's first ``spec`` slots, no copy
+        (and of its first ``rows`` rows only, when given: a decode step over the occupied rows).
 
         Valid because every position a store at ``spec.kv_len`` can hold sits in the same slot in
         this one: a full owner holds position ``p`` at slot ``p``; a sliding owner that is a ring
@@ -139,13 +140,16 @@ class KVStore:
         :meth:`write_prefix`), so decode buckets by length share one store.
         """
         widths = prefix_slots(self.spec, spec)
-        return KVStore.from_tensors(spec, [t[:, :, :n] for t, n in zip(self.tensors(), widths * 2, strict=True)])
+        held = self.keys[0].shape[0] if self.keys else 0
+        if rows is not None and not 1 <= rows <= held:
+            raise ValueError(f"a view of 1..{held} rows of this store, found {rows}")
+        return KVStore.from_tensors(spec, [t[:rows, :, :n] for t, n in zip(self.tensors(), widths * 2, strict=True)])
 
     def write_prefix(self, answer: KVStore) -> None:
-        """Copy a step's answer on :meth:`prefix` views back into this store (nothing to copy for a
-        tensor the step wrote in place)."""
+        """Copy a step's answer on :meth:`prefix` views (its rows and slots) back into this store (nothing
+        to copy for a tensor the step wrote in place)."""
         for tensor, new in zip(self.tensors(), answer.tensors(), strict=True):
-            view = tensor[:, :, : new.shape[2]]
+            view = tensor[: new.shape[0], :, : new.shape[2]]
             if new.data_ptr() != view.data_ptr() or new.stride() != view.stride():
                 view.copy_(new)
 

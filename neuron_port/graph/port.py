@@ -20,7 +20,7 @@ One constructor per source:
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -32,7 +32,7 @@ from neuron_port.graph.graphs import GraphSet, build_graphs
 from neuron_port.graph.host_inputs import HostInputs
 from neuron_port.graph.kv import KVStore
 from neuron_port.graph.runners import Runners, compile_graphs, eager_runners
-from neuron_port.graph.shapes import PortShape, StoreShapes
+from neuron_port.graph.shapes import PortShape, StoreShapes, occupancy_rows
 from neuron_port.graph.step import StepInputs
 from neuron_port.model.layout import Layout, describe
 
@@ -79,13 +79,16 @@ class Port:
         return cls(HostInputs(layout, stores, embeddings), runners)
 
     # ---- compiling ---------------------------------------------------------------------------
-    def compile(self, backend, batch: int = 1, desc: str = "compiling") -> None:
+    def compile(self, backend, batch: int = 1, desc: str = "compiling", decode_rows: Sequence[int] | None = None) -> None:
         """Replace every runner with the backend's compiled graph (:func:`runners.compile_graphs`).
 
-        Graphs compiled by a static-shape backend take exactly ``batch`` rows from then on."""
+        Graphs compiled by a static-shape backend take exactly ``batch`` rows from then on, and decode
+        graphs come as well over each of ``decode_rows`` rows (default: the powers of two below ``batch``,
+        :func:`~neuron_port.graph.shapes.occupancy_rows`; ``()`` for none), for steps with fewer rows occupied."""
         if self.graphs is None:
             raise ValueError("this port was loaded from compiled runners; there are no graphs left to compile")
-        self.runners = compile_graphs(self.graphs, backend, self.example_inputs, batch, desc)
+        rows = occupancy_rows(batch) if decode_rows is None else tuple(decode_rows)
+        self.runners = compile_graphs(self.graphs, backend, self.example_inputs, batch, desc, rows)
 
     def release_graphs(self) -> None:
         """Drop the graphs (and with them the model they run) once compiled runners replace them:

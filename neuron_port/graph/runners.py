@@ -9,8 +9,8 @@ the same names and the same recorded facts (batch, in-place KV writes).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import torch
 
 from neuron_port.graph.graphs import GraphSet
 from neuron_port.graph.kv import KVStore
+from neuron_port.graph.shapes import rows_for
 from neuron_port.graph.step import Runnable, StepInputs
 from neuron_port.progress import progress
 
@@ -36,7 +37,9 @@ class Runners:
     ``torch.inference_mode`` (XLA's lazy tensors cannot: they run under ``no_grad``). ``resident_kv``:
     the store lives on the device as the runners' own state, one for every graph (nxd, neuron); the
     host store handed in is a placeholder, returned as it is, so the host keeps one at the largest KV
-    length and hands each graph a prefix view of it, never copying it between lengths.
+    length and hands each graph a prefix view of it, never copying it between lengths. ``decode_rows``:
+    decode runners over fewer rows than ``batch`` ({rows: {KV length: runner}}), so a step whose occupied
+    rows fit runs the smaller graph on the first rows of the same store (:meth:`decode_step`).
     """
 
     prefill: dict[int, Runnable]
@@ -46,10 +49,18 @@ class Runners:
     compiled: bool = False
     inference_mode: bool = True
     resident_kv: bool = False
+    decode_rows: dict[int, dict[int, Runnable]] = field(default_factory=dict)
+
+    def decode_step(self, needed: int, kv: int) -> tuple[int, Runnable]:
+        """(rows, runner) of a decode step at KV length ``kv`` whose occupied rows are the first ``needed``:
+        the smallest graph holding them (eager graphs: exactly ``needed``)."""
+        rows = rows_for(needed, self.batch, list(self.decode_rows))
+        table = self.decode if self.batch is None or rows == self.batch else self.decode_rows[rows]
+        return rows, table[kv]
 
     def facts(self) -> dict[str, Any]:
         """What an artifact's manifest records about them besides its batch."""
-        return {"inplace_kv_writes": self.inplace_kv_writes}
+        return {"inplace_kv_writes": self.inplace_kv_writes, "decode_rows": sorted(self.decode_rows)}
 
 
 def eager_runners(graphs: GraphSet) -> Runners:
@@ -57,8 +68,10 @@ def eager_runners(graphs: GraphSet) -> Runners:
     return Runners(dict(graphs.prefill), dict(graphs.decode))
 
 
-def compile_graphs(graphs: GraphSet, backend: Any, examples: Examples, batch: int = 1, desc: str = "compiling") -> Runners:
-    """Compile every graph with ``backend.compile(graph, example inputs, aliases)``.
+def compile_graphs(graphs: GraphSet, backend: Any, examples: Examples, batch: int = 1, desc: str = "compiling",
+                   decode_rows: Sequence[int] = ()) -> Runners:
+    """Compile every graph with ``backend.compile(graph, example inputs, aliases)``; each decode graph also
+    for each of ``decode_rows`` (row counts below ``batch``: :func:`~neuron_port.graph.shapes.occupancy_rows`).
 
     Decode graphs write K/V in place when the backend says it allows that
     (``backend.inplace_kv_writes``), or write their new rows only by a scatter that returns the store
@@ -71,22 +84,26 @@ def compile_graphs(graphs: GraphSet, backend: Any, examples: Examples, batch: in
     inplace = bool(getattr(backend, "inplace_kv_writes", False))
     rows = bool(getattr(backend, "row_kv_writes", False))
     leading = getattr(backend, "leading_update", None)
-    jobs = [("prefill", b, g) for b, g in graphs.prefill.items()] + [("decode", kv, g) for kv, g in graphs.decode.items()]
-    out: dict[str, dict[int, Runnable]] = {"prefill": {}, "decode": {}}
-    for kind, size, graph in progress(jobs, desc=desc, unit="graph"):
+    static = getattr(backend, "static_batch", True)
+    extra = sorted({int(r) for r in decode_rows if 0 < int(r) < batch}) if static else []
+    jobs = [("prefill", b, g, batch) for b, g in graphs.prefill.items()]
+    jobs += [("decode", kv, g, r) for r in [batch, *extra] for kv, g in graphs.decode.items()]
+    out: dict[tuple[str, int], dict[int, Runnable]] = {}
+    for kind, size, graph, n in progress(jobs, desc=desc, unit="graph"):
         graph.inplace_kv_writes = inplace and kind == "decode"
         graph.row_kv_writes = rows and kind == "decode"
         graph.leading_update = leading if kind == "prefill" else None
-        inputs, store = examples(kind, size, batch)
-        out[kind][size] = backend.compile(graph, [*inputs, *store.tensors()], graph.aliases)
-    static = getattr(backend, "static_batch", True)
-    return Runners(out["prefill"], out["decode"], batch if static else None, inplace, compiled=True,
-                   inference_mode=bool(getattr(backend, "inference_mode", True)))
+        inputs, store = examples(kind, size, n)
+        out.setdefault((kind, n), {})[size] = backend.compile(graph, [*inputs, *store.tensors()], graph.aliases)
+    return Runners(out[("prefill", batch)], out[("decode", batch)], batch if static else None, inplace, compiled=True,
+                   inference_mode=bool(getattr(backend, "inference_mode", True)),
+                   decode_rows={r: out[("decode", r)] for r in extra})
 
 
-def runner_file(kind: str, size: int) -> str:
-    """File name of a compiled graph inside a rank's directory."""
-    return f"{kind}_{size}.pt"
+def runner_file(kind: str, size: int, rows: int | None = None) -> str:
+    """File name of a compiled graph inside a rank's directory (``rows``: a decode graph over fewer rows
+    than the artifact's batch)."""
+    return f"{kind}_{size}.pt" if rows is None else f"{kind}_{size}_rows{rows}.pt"
 
 
 def save_runners(runners: Runners, backend: Any, rank_dir: Path,
@@ -98,6 +115,8 @@ def save_runners(runners: Runners, backend: Any, rank_dir: Path,
     rank_dir.mkdir(parents=True, exist_ok=True)
     files = {runner_file(kind, size): runner for kind, table in (("prefill", runners.prefill), ("decode", runners.decode))
              for size, runner in table.items()}
+    files.update({runner_file("decode", kv, rows): runner for rows, table in runners.decode_rows.items()
+                  for kv, runner in table.items()})
     if hasattr(backend, "save_graphs"):
         return backend.save_graphs(files, rank_dir, dict(named_tensors or {}))
     paths = []
@@ -111,15 +130,18 @@ def load_runners(backend: Any, rank_dir: Path, buckets: list[int], kv_lens: list
                  facts: dict[str, Any], host: Mapping[str, torch.Tensor] | None = None) -> Runners:
     """The runners :func:`save_runners` wrote, compiled for ``batch`` rows, with the facts the
     manifest recorded; ``host``: the host tables a graph may read (``host:`` tensors)."""
+    decode_rows = [int(r) for r in facts.get("decode_rows", [])]
     files = [runner_file("prefill", b) for b in buckets] + [runner_file("decode", kv) for kv in kv_lens]
+    files += [runner_file("decode", kv, rows) for rows in decode_rows for kv in kv_lens]
     if hasattr(backend, "load_graphs"):
         loaded = backend.load_graphs(rank_dir, files, dict(host or {}))
     else:
         loaded = {file: backend.load(rank_dir / file) for file in files}
     prefill = {b: loaded[runner_file("prefill", b)] for b in buckets}
     decode = {kv: loaded[runner_file("decode", kv)] for kv in kv_lens}
+    by_rows = {rows: {kv: loaded[runner_file("decode", kv, rows)] for kv in kv_lens} for rows in decode_rows}
     return Runners(prefill, decode, int(batch), bool(facts.get("inplace_kv_writes", False)), compiled=True,
-                   resident_kv=bool(facts.get("resident_kv", False)))
+                   resident_kv=bool(facts.get("resident_kv", False)), decode_rows=by_rows)
 
 
 __all__ = ["Runners", "Examples", "eager_runners", "compile_graphs", "runner_file", "save_runners", "load_runners"]

@@ -39,6 +39,26 @@ def _sizes(values: int | Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted({int(values)} if isinstance(values, int) else {int(v) for v in values}))
 
 
+def occupancy_rows(batch: int) -> tuple[int, ...]:
+    """Row counts of the extra decode graphs a port compiled for ``batch`` rows gets, so a step runs
+    the smallest graph holding its occupied rows instead of every row: the powers of two below
+    ``batch`` (vLLM and NxD Inference pick decode graphs by batch size the same way)."""
+    if batch < 1:
+        raise BucketError(f"a batch has at least 1 row, found {batch}")
+    return tuple(1 << i for i in range(batch.bit_length()) if 1 << i < batch)
+
+
+def rows_for(needed: int, batch: int | None, rows: Sequence[int]) -> int:
+    """The fewest rows a decode step can run on when its occupied rows are the first ``needed``: any
+    count for eager graphs (``batch`` None), else the smallest of ``rows`` (smaller graphs) that holds
+    them, else ``batch``."""
+    if needed < 1 or (batch is not None and needed > batch):
+        raise BucketError(f"a decode step over 1..{batch or 'any'} rows, found {needed}")
+    if batch is None:
+        return needed
+    return min((r for r in rows if needed <= r < batch), default=batch)
+
+
 @dataclass(frozen=True)
 class PortShape:
     """Prompt buckets and KV lengths a port is built for (sorted, distinct; JSON-able).
@@ -125,4 +145,4 @@ class StoreShapes:
         return next((k for k in self.shape.kv_lens if k > kv), None)
 
 
-__all__ = ["select_bucket", "PortShape", "StoreShapes"]
+__all__ = ["select_bucket", "occupancy_rows", "rows_for", "PortShape", "StoreShapes"]

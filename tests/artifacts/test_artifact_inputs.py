@@ -41,7 +41,7 @@ def test_a_compiled_artifact_and_a_compiled_port_take_the_same_decode_inputs_and
         shape,
     )
     loaded = load_rank_port(tmp_path / "art", manifest, Rank(0, artifact_setup(tmp_path / "art", manifest), identity_reduce))
-    assert port.runners.facts() == loaded.runners.facts() == manifest["runners"] == {"inplace_kv_writes": True}
+    assert port.runners.facts() == loaded.runners.facts() == manifest["runners"] == {"inplace_kv_writes": True, "decode_rows": []}
     assert port.batch == loaded.batch == manifest["batch"] == 1
     tokens, positions = torch.tensor([41]), torch.tensor([23])
     ours, theirs = port.inputs.decode(tokens, positions, 64), loaded.inputs.decode(tokens, positions, 64)

@@ -145,3 +145,51 @@ def test_a_request_crossing_a_kv_length_decodes_short_then_long_as_hugging_face_
     alone = run_slot_schedule(port, [(0, prompt, GenerationParams(30))], SLOTS)[0]
     assert alone == reference_generate(model, prompt, 30)["tokens"]
     assert lengths[0] == 48 and lengths[-1] == 96 and lengths == sorted(lengths)
+
+
+def _rows_used(monkeypatch) -> list[int]:
+    from neuron_port.graph.runners import Runners
+
+    used: list[int] = []
+    chosen = Runners.decode_step
+    monkeypatch.setattr(Runners, "decode_step", lambda self, needed, kv: (lambda r: used.append(r[0]) or r)(
+        chosen(self, needed, kv)))
+    return used
+
+
+def test_a_lone_request_decodes_on_the_one_row_graph_of_a_compiled_port(port, monkeypatch):
+    """Decode by occupancy: a compiled 4-slot port carries decode graphs for 1 and 2 rows; a request alone runs the
+    1-row graph, two run the 2-row one, and a second request whose neighbour in slot 0 finished keeps the
+    rows up to its slot. Every request's tokens stay Hugging Face's."""
+    from neuron_port.backends import get_backend
+
+    _, model = port
+    compiled = Port.over_model(model, PortShape([16, 32], [48, 96]))
+    compiled.compile(get_backend("cpu"), batch=4)
+    assert sorted(compiled.runners.decode_rows) == [1, 2]
+    used = _rows_used(monkeypatch)
+    prompt = [2, 5, 9, 11]
+    assert run_slot_schedule(compiled, [(0, prompt, GenerationParams(12))], 4)[0] == reference_generate(model, prompt, 12)[
+        "tokens"]
+    assert set(used) == {1}
+    used.clear()
+    schedule = [(0, [2, 40, 41], GenerationParams(3)), (0, [2, 7, 7, 7], GenerationParams(10))]
+    together = run_slot_schedule(compiled, schedule, 4)
+    assert together[1] == reference_generate(model, schedule[1][1], 10)["tokens"]
+    assert used[0] == 2 and used[-1] == 2  # slot 1 alone at the end: the rows up to it
+
+
+def test_decode_by_occupancy_writes_its_rows_back_or_the_tokens_go_wrong(port, monkeypatch):
+    """Eager graphs decode exactly the occupied rows on views of the store and copy their answer back; a planted
+    fault that drops that copy makes a lone request's tokens differ from Hugging Face's (the check would catch a
+    step that lost its rows)."""
+    from neuron_port.graph.kv import KVStore
+
+    port, model = port
+    used = _rows_used(monkeypatch)
+    prompt = [2, 5, 9, 11, 300]
+    expected = reference_generate(model, prompt, 10)["tokens"]
+    assert run_slot_schedule(port, [(0, prompt, GenerationParams(10))], SLOTS)[0] == expected
+    assert set(used) == {1}  # one row of three
+    monkeypatch.setattr(KVStore, "write_prefix", lambda self, answer: None)
+    assert run_slot_schedule(port, [(0, prompt, GenerationParams(10))], SLOTS)[0] != expected
