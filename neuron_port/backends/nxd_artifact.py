@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.graph.graphs import DecodeGraph, PrefillGraph
 from neuron_port.graph.host_inputs import HostInputs
 from neuron_port.graph.runners import runner_file
-from neuron_port.graph.shapes import PortShape, StoreShapes
+from neuron_port.graph.shapes import PortShape, StoreShapes, occupancy_rows
 from neuron_port.model.tensorfile import read_header
 from neuron_port.parallel.ranks import RankSetup
 from neuron_port.progress import progress
@@ -60,8 +60,8 @@ ROW_KV_WRITES = True
 
 
 def resident_factory(model: nn.Module, setup: RankSetup, stores: StoreShapes, kind: str, size: int,
-                      kv_shapes: list[torch.Size], kv_dtype: torch.dtype, prefill_update: bool = False
-                      ) -> Callable[[], KVResident]:
+                      kv_shapes: list[torch.Size], kv_dtype: torch.dtype, prefill_update: bool = False,
+                      rows: int | None = None) -> Callable[[], KVResident]:
     """What ModelBuilder's ``load_module`` calls under NxD's parallel state: a :func:`device_copy` of
     ``model`` (no host tables, its own head, the original's tensors shared) with the plan's parallel
     layers, its ``kind`` graph of ``size``, the rank-local KV store as parameters: one store for every
@@ -74,7 +74,8 @@ def resident_factory(model: nn.Module, setup: RankSetup, stores: StoreShapes, ki
     routes a call by its input shapes), attends over the first slots of each owner that a store of
     ``size`` has (a static prefix), and writes its new rows only, into the whole buffer
     (:func:`~neuron_port.graph.kv.row_write`: a scatter along the sequence into the aliased store, NxD
-    Inference's own decode write)."""
+    Inference's own decode write). ``rows``: a decode graph over the store's first ``rows`` rows only (decode
+    by occupancy: its inputs' batch routes a step to it), written back into them by a slice update."""
     dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
 
     def make() -> KVResident:
@@ -84,7 +85,7 @@ def resident_factory(model: nn.Module, setup: RankSetup, stores: StoreShapes, ki
             if prefill_update:  # one dynamic-update-slice per buffer, as NxD Inference writes it
                 graph.leading_update = leading_update
         else:
-            graph = DecodeGraph(shard, stores.specs[size], store=stores.largest)
+            graph = DecodeGraph(shard, stores.specs[size], store=stores.largest, rows=rows)
             graph.row_kv_writes = ROW_KV_WRITES
             graph.slot_input = True
         return KVResident(graph, kv_shapes, kv_dtype)
@@ -98,10 +99,12 @@ def slot_ids(kv_len: int) -> torch.Tensor:
 
 
 def write_nxd_rank(rank_dir: Path, model: nn.Module, setup: RankSetup, shape: PortShape, batch: int,
-                   compiler_args: str = "--model-type=transformer --auto-cast=none", prefill_update: bool = False
-                   ) -> dict[str, Any]:
+                   compiler_args: str = "--model-type=transformer --auto-cast=none", prefill_update: bool = False,
+                   decode_rows: Sequence[int] | None = None) -> dict[str, Any]:
     """Trace every graph of ``shape`` with one ModelBuilder at ``setup.tp`` and save the executor,
     the per-core shards and the key of every graph file into ``rank_dir``. ``model`` is not modified.
+    Decode graphs come at ``batch`` rows and at each of ``decode_rows`` (default: the powers of two below
+    ``batch``), all over the one resident store: one more key set per row count, no second store.
 
     Returns what the manifest records of the host rank: the KV layout of its host-side placeholder
     store (the whole model's, as a tp 1 rank sees it) and the facts of its runners."""
@@ -111,16 +114,19 @@ def write_nxd_rank(rank_dir: Path, model: nn.Module, setup: RankSetup, shape: Po
     state = inputs.new_store(batch, local.kv_len).tensors()  # the one store every graph aliases
     kv_shapes, kv_dtype = [t.shape for t in state], state[0].dtype
     graphs, keys = {}, {}
-    jobs = [("prefill", b) for b in local.buckets] + [("decode", kv) for kv in local.kv_lens]
-    for kind, size in jobs:
-        key = runner_file(kind, size).removesuffix(".pt")
+    decode_rows = occupancy_rows(batch) if decode_rows is None else tuple(r for r in decode_rows if 0 < r < batch)
+    jobs = [("prefill", b, None) for b in local.buckets] + [("decode", kv, None) for kv in local.kv_lens]
+    jobs += [("decode", kv, rows) for rows in decode_rows for kv in local.kv_lens]
+    for kind, size, rows in jobs:
+        file = runner_file(kind, size, rows)
+        key = file.removesuffix(".pt")
         if kind == "prefill":
             step = list(inputs.example_prefill(size, batch)[0])
-            keys[runner_file(kind, size)] = {"key": key, "inputs": len(step)}
+            keys[file] = {"key": key, "inputs": len(step)}
         else:
-            step = [*inputs.example_decode(size, batch)[0], slot_ids(size)]
-            keys[runner_file(kind, size)] = {"key": key, "inputs": len(step) - 1, "slot_ids": size}
-        graphs[key] = (resident_factory(model, setup, local, kind, size, kv_shapes, kv_dtype, prefill_update), step)
+            step = [*inputs.example_decode(size, rows or batch)[0], slot_ids(size)]
+            keys[file] = {"key": key, "inputs": len(step) - 1, "slot_ids": size}
+        graphs[key] = (resident_factory(model, setup, local, kind, size, kv_shapes, kv_dtype, prefill_update, rows), step)
     rank_dir.mkdir(parents=True, exist_ok=True)
     bar = progress(total=len(graphs), desc=f"tracing graphs (ModelBuilder, tp {setup.tp})", unit="graph")
     graphs = {key: (_ticking(make, bar), step) for key, (make, step) in graphs.items()}  # ModelBuilder builds each key once
@@ -132,7 +138,7 @@ def write_nxd_rank(rank_dir: Path, model: nn.Module, setup: RankSetup, shape: Po
                                                    indent=2))
     host = shape.stores(setup.layout)
     return {"kv_layout": host.kv_layout(), "runners": {"inplace_kv_writes": False, "row_kv_writes": ROW_KV_WRITES,
-                                                       "resident_kv": True,
+                                                       "resident_kv": True, "decode_rows": list(decode_rows),
                                                        "prefill_write": "dynamic-update-slice" if prefill_update
                                                        else "slice_scatter"}}
 

@@ -48,17 +48,20 @@ class OneHotCache:
     it returns the fresh prompt K/V (the prompt attends itself; a ring could not hold a prompt
     longer than the window); in decode the new row goes where the one-hot ``writes`` map of its
     layer's kind points, and it returns the updated buffers (with ``read_slots``, each owner's first
-    ``read_slots[j]`` slots of them: a decode graph on a prefix of a larger store).
+    ``read_slots[j]`` slots of them: a decode graph on a prefix of a larger store; with ``read_rows``, the
+    step's rows are the buffers' first ``read_rows``: written there, the rest of each buffer kept).
     """
 
     def __init__(self, spec: KVStoreSpec, kv: tuple[torch.Tensor, ...], writes: dict[str, torch.Tensor] | None,
                  prefill: bool, inplace: bool = False, rows: bool = False, positions: torch.Tensor | None = None,
                  lengths: torch.Tensor | None = None, read_slots: list[int] | None = None,
-                 leading_update: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
+                 leading_update: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 read_rows: int | None = None):
         n = len(spec.slots)
         # decode on a prefix of a larger store: each owner's new row goes into the whole buffer (a
         # row write), attention reads its first read_slots[j] slots; None: the buffers are the store read
         self.read_slots = read_slots
+        self.read_rows = read_rows  # a decode step over the first rows of a store with more (None: all of them)
         self.leading_update = leading_update  # a prefill's by-position write (None: slice_scatter)
         self.index = {slot.layer: j for j, slot in enumerate(spec.slots)}
         self.kinds = {slot.layer: slot.attention for slot in spec.slots}
@@ -85,12 +88,19 @@ class OneHotCache:
             return key_states, value_states
         write = self.writes[self.kinds[layer_idx]]
         store = scatter_write_ if self.inplace else row_write if self.rows else onehot_write
-        self.keys[j] = store(self.keys[j], key_states, write)
-        self.values[j] = store(self.values[j], value_states, write)
+        keys, values = self.keys[j], self.values[j]
+        if self.read_rows is None:
+            keys, values = store(keys, key_states, write), store(values, value_states, write)
+            self.keys[j], self.values[j] = keys, values
+        else:  # the step's rows, written into the whole buffer (one dynamic-update-slice on a device)
+            r = self.read_rows
+            keys, values = store(keys[:r], key_states, write), store(values[:r], value_states, write)
+            self.keys[j] = self.keys[j].slice_scatter(keys, dim=0, start=0, end=r)
+            self.values[j] = self.values[j].slice_scatter(values, dim=0, start=0, end=r)
         if self.read_slots is None:
-            return self.keys[j], self.values[j]
+            return keys, values
         width = self.read_slots[j]
-        return self.keys[j][:, :, :width], self.values[j][:, :, :width]
+        return keys[:, :, :width], values[:, :, :width]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
@@ -110,8 +120,14 @@ class StaticLMGraph(nn.Module):
     """
 
     def __init__(self, model: nn.Module, spec: KVStoreSpec, prefill: bool, seq: int,
-                 kv_expand: Mapping[int, torch.Tensor] | None = None, store: KVStoreSpec | None = None):
+                 kv_expand: Mapping[int, torch.Tensor] | None = None, store: KVStoreSpec | None = None,
+                 rows: int | None = None):
         super().__init__()
+        # A decode step over the first ``rows`` rows of a store with more (one device-resident store shared
+        # with the full-batch graphs: decode by occupancy); None: the rows it is handed.
+        self.rows = rows
+        if rows is not None and (prefill or store is None):
+            raise ValueError("a graph over some rows of a store is a decode graph handed that whole store (store=)")
         # The store the graph is handed and returns: ``spec``'s own, or (decode) a larger one of which
         # ``spec``'s is a prefix (decode by length over one device-resident store; see :class:`DecodeGraph`).
         self.store = spec if store is None else store
@@ -175,8 +191,10 @@ class StaticLMGraph(nn.Module):
         maps = masks.step_maps(position_ids, lengths, self.prefill, spec.kv_len, spec.window, spec.ring, inputs_embeds.dtype,
                                slot_ids)
         writes = None if self.prefill else {"full": maps.write_full, "sliding": maps.write_sliding}
+        if self.rows is not None and inputs_embeds.shape[0] != self.rows:
+            raise ValueError(f"a decode graph over {self.rows} rows of its store, found {inputs_embeds.shape[0]} rows")
         cache = OneHotCache(self.store, kv, writes, self.prefill, self.inplace_kv_writes, self.row_kv_writes,
-                            position_ids, lengths, self.read_slots, self.leading_update)
+                            position_ids, lengths, self.read_slots, self.leading_update, self.rows)
         extra = self.family.text_model_extra_inputs(per_layer) if self.has_ple else {}
         out = self.family.text_model(self.model)(
             inputs_embeds=inputs_embeds,
@@ -215,11 +233,12 @@ class DecodeGraph(StaticLMGraph):
     ``store``: a larger store the graph is handed instead of ``spec``'s own (one device-resident store
     shared by decode graphs of several KV lengths): it writes each new row into the whole buffer (by
     scatter: set ``row_kv_writes``) and attends over the first ``spec`` slots of each owner
-    (:func:`~neuron_port.graph.kv.prefix_slots`), so a short context reads a short store."""
+    (:func:`~neuron_port.graph.kv.prefix_slots`), so a short context reads a short store. ``rows``: the
+    step's rows are the first ``rows`` of that store's (decode by occupancy on a resident store)."""
 
     def __init__(self, model: nn.Module, spec: KVStoreSpec, kv_expand: Mapping[int, torch.Tensor] | None = None,
-                 store: KVStoreSpec | None = None):
-        super().__init__(model, spec, prefill=False, seq=1, kv_expand=kv_expand, store=store)
+                 store: KVStoreSpec | None = None, rows: int | None = None):
+        super().__init__(model, spec, prefill=False, seq=1, kv_expand=kv_expand, store=store, rows=rows)
 
 
 @dataclass
