@@ -178,7 +178,7 @@ class SlotBatch:
             self.store = self.port.inputs.new_store(self.slots, self.kv_len)
         src_index, dst_index = torch.tensor(rows, dtype=torch.long), torch.tensor(slots, dtype=torch.long)
         for dst, src in zip(self.store.tensors(), fresh.tensors(), strict=True):
-            dst.index_copy_(0, dst_index.to(dst.device), src.index_select(0, src_index.to(src.device)))
+            dst.index_copy_(0, dst_index.to(dst.device), src.index_select(0, src_index.to(src.device)).to(dst.device))
 
     def decode_length(self, active: Sequence[int]) -> int:
         """The shortest KV length of the port that holds every active slot's next position."""

@@ -211,3 +211,25 @@ def test_a_prefill_writes_its_full_buffers_by_dynamic_update_slice():
     print(f"[xla] 12B tiny prefill_16 into 512 positions: {dus['bytes']:,} bytes by dynamic-update-slice, "
           f"{scatter['bytes']:,} by slice_scatter", file=sys.stderr)
     assert dus["bytes"] < scatter["bytes"]
+
+
+def test_decode_by_occupancy_on_xla_runs_the_one_row_graph_on_row_views_of_the_device_store(tiny_e2b, monkeypatch):
+    """A port compiled by XLA for 2 rows also carries 1-row decode graphs; a lone request in the slot batch runs
+    them on row views of the one device store, a pair runs the 2-row ones, and the tokens are Hugging Face's."""
+    from neuron_port.backends.xla_port import xla_port
+    from neuron_port.generation.request import GenerationParams
+    from neuron_port.graph.runners import Runners
+    from tests.helpers import run_slot_schedule
+
+    port, _ = xla_port(tiny_e2b, RankSetup.for_layout(describe(tiny_e2b), 1), PortShape(24, (40,)), batch=2)
+    assert sorted(port.runners.decode_rows) == [1]
+    used: list[int] = []
+    chosen = Runners.decode_step
+    monkeypatch.setattr(Runners, "decode_step", lambda self, needed, kv: (lambda r: used.append(r[0]) or r)(
+        chosen(self, needed, kv)))
+    prompts = [PROMPT[:9], PROMPT[:5]]
+    alone = run_slot_schedule(port, [(0, prompts[0], GenerationParams(8))], 2)[0]
+    assert alone == reference_generate(tiny_e2b, prompts[0], 8)["tokens"] and set(used) == {1}
+    used.clear()
+    pair = run_slot_schedule(port, [(0, p, GenerationParams(8)) for p in prompts], 2)
+    assert [pair[0], pair[1]] == [reference_generate(tiny_e2b, p, 8)["tokens"] for p in prompts] and set(used) == {2}
