@@ -140,7 +140,7 @@ def _on_xla(model: nn.Module, request: GenerationRequest, tokenizer: Any, setup:
             shape: PortShape, on_token: Callable[[TokenEvent], None] | None = None) -> GenerationResult:
     from neuron_port.backends.xla_port import xla_port
 
-    port, xla = xla_port(model, setup, shape, batch=request.batch)
+    port, xla = xla_port(model, setup, shape, batch=request.batch, decode_rows=())  # the static loop runs every row
     result = _merge([_on_port(port, _RankWork(request, tokenizer, on_token=on_token))])
     result.lowering = xla.report()
     return result

@@ -9,7 +9,7 @@ fixed number of slots over one port. How waiting requests join is its one policy
 * ``static``: requests join only when every slot is free: the first waiting request plus every
   other one already waiting (up to the slots) decode together until all are done; later arrivals
   wait for the next batch. Kept for comparison (``serve --batching static``,
-  ``benchmarks/serve_load.py``).
+  ``benchmarks/serve_bench.py``).
 
 Beyond ``max_queue`` waiting requests :meth:`Engine.submit` raises :class:`QueueFull` (the
 server's 429); :meth:`Engine.submit_all` queues several (a request's ``n`` choices) all or none.

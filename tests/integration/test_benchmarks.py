@@ -51,7 +51,7 @@ def test_every_benchmark_has_a_smoke_test_and_a_readme_entry():
     # xla_lowering.py and decode_cost.py need torch-xla: their smoke tests are in tests/xla/test_xla_port.py
     # (the xla virtualenv)
     tested = {"host_overhead.py", "decode_vs_hf.py", "kv_memory.py", "slim_rss.py", "host_step.py", "cpu_backend.py",
-              "xla_lowering.py", "decode_cost.py", "serve_load.py", "bf16_accuracy.py", "weights_once.py", "nxd_build_memory.py",
+              "xla_lowering.py", "decode_cost.py", "serve_bench.py", "bf16_accuracy.py", "weights_once.py", "nxd_build_memory.py",
               "lm_eval_parity.py", "int8_accuracy.py", "shard_vs_plan.py"}
     assert set(SCRIPTS) <= tested, f"no smoke test for {set(SCRIPTS) - tested}"
 
@@ -111,14 +111,17 @@ def test_cpu_backend_smoke():
 
 
 @pytest.mark.slow
-def test_serve_load_smoke():
+def test_serve_bench_smoke():
     pytest.importorskip("fastapi")
-    out = _run("serve_load.py", "--smoke", "--json")
-    for mode in ("continuous", "static"):
-        for level in ("1", "4"):
-            r = out["results"][mode][level]
-            assert _positive(r["tokens_per_s"], r["ttft_p50_s"], r["latency_p99_s"]) and r["ttft_p99_s"] >= r["ttft_p50_s"]
-    assert _positive(out["ratios"]["4"]["ttft_p50_static_over_continuous"])
+    pytest.importorskip("guidellm")
+    out = _run("serve_bench.py", "--models", "tiny-e2b", "--smoke", "--json")
+    result = out["results"][0]
+    assert result["errored"] == 0 and _positive(result["one_stream"]["itl_p50_8_over_1"])
+    for batching in ("continuous", "static"):
+        points = result["sweeps"][batching]
+        assert [(p["profile"], p["point"]) for p in points] == [("concurrent", 1), ("concurrent", 4), ("poisson", 1.0)]
+        assert all(_positive(p["ttft_p50_ms"], p["itl_p50_ms"], p["output_tok_s"]) for p in points)
+    assert all(_positive(r["ttft_p50_static_over_continuous"], r["tok_s_continuous_over_static"]) for r in result["ratios"])
 
 
 @pytest.mark.slow
