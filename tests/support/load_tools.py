@@ -49,17 +49,20 @@ def _point_of_guidellm(bench: dict) -> dict:
 
 
 def run_guidellm(base: str, tokenizer: Path, out: Path, profile: str, points: list[float], requests: int,
-                 prompt_tokens: int, output_tokens: int, timeout: float = 900) -> list[dict]:
+                 prompt_tokens: int, output_tokens: int, timeout: float = 900, output_stdev: int = 0) -> list[dict]:
     """``guidellm run`` against ``base`` (streamed chat completions, guidellm's defaults): ``profile``
     ``concurrent`` (``points``: streams) or ``poisson`` / ``constant`` (``points``: requests per second),
     ``requests`` per point, synthetic prompts of ``prompt_tokens`` tokens asking ``output_tokens`` new ones
-    (guidellm then sends ``ignore_eos``). Its JSON goes to ``out``; one summary per point."""
+    (guidellm then sends ``ignore_eos``; ``output_stdev``: lengths drawn around it, from 1 to twice it). Its JSON
+    goes to ``out``; one summary per point."""
     key = "streams" if profile == "concurrent" else "rate"
+    spread = (f",output_tokens_stdev={output_stdev},output_tokens_min=1,output_tokens_max={2 * output_tokens}"
+              if output_stdev else "")
     values = ",".join(f"{p:g}" for p in points)
     command = [*guidellm_command(), "run", "--backend", f"kind=openai_http,target={base}",
                "--profile", f"kind={profile},{key}={points[0]:g}", "--override", f"profile.{key}", values,
                "--constraint", f"kind=max_requests,count={requests}",
-               "--data", f"kind=synthetic_text,prompt_tokens={prompt_tokens},output_tokens={output_tokens}",
+               "--data", f"kind=synthetic_text,prompt_tokens={prompt_tokens},output_tokens={output_tokens}" + spread,
                "--tokenizer", f"kind=huggingface_auto,model={tokenizer}",
                "--output", f"kind=json,path={out}", "--disable-progress"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=offline_env())
