@@ -76,6 +76,7 @@ def port_rows(name: str, tp: int, contexts: list[int], scale: int, kv_write: str
     from neuron_port.backends.xla_port import xla_port
     from neuron_port.generation.generate import generate
     from neuron_port.generation.request import GenerationRequest
+    from neuron_port.graph.kv import KVWrite
     from neuron_port.graph.shapes import PortShape
     from neuron_port.parallel.ranks import RankSetup
 
@@ -83,7 +84,7 @@ def port_rows(name: str, tp: int, contexts: list[int], scale: int, kv_write: str
     setup = RankSetup.for_layout(describe(model), tp)
     rows = []
     for context in contexts:
-        port, backend = xla_port(model, setup, PortShape(8, context // scale), row_kv_writes=kv_write == "rows")
+        port, backend = xla_port(model, setup, PortShape(8, context // scale), kv_write=KVWrite(kv_write))
         generate(port, GenerationRequest.greedy([[2] + [7] * (PROMPT - 1)], 2))  # prefill, then one decode step
         cost = backend.report()["decode_cost"]
         rows.append({**cost, "context": context, "kv_len": cost["context"]})

@@ -77,7 +77,7 @@ def peer_ms_per_token(port: Port, prompt: list[int], tokens: int, sampling: Samp
     pos, tok = len(prompt), torch.tensor([prompt[-1]])
     start = time.perf_counter()
     for _ in range(tokens):
-        out = runner(*port.inputs.decode_fresh(tok, torch.tensor([pos]), kv), *store)
+        out = runner(*port.inputs.decode_fresh(tok, torch.tensor([pos])), *store)
         logits, store = out[0][0], list(out[1:])
         if sampling.greedy:
             tok = torch.argmax(logits)[None]

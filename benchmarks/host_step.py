@@ -76,7 +76,7 @@ def step_payload(emb: HostEmbeddings, bucket: int, kv_len: int, repeats: int) ->
 
     return {"bucket": bucket, "kv_len": kv_len, "dtype": str(dtype).removeprefix("torch."),
             "prefill": row(lambda: inputs.prefill(ids, lengths, bucket), host_maps_prefill),
-            "decode": row(lambda: inputs.decode_fresh(ids[0, :1], last, kv_len), host_maps_decode)}
+            "decode": row(lambda: inputs.decode_fresh(ids[0, :1], last), host_maps_decode)}
 
 
 def main() -> None:

@@ -72,14 +72,14 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def bench_model(name: str, smoke: bool, work: Path, slim: bool = False, streams: list[int] | None = None,
-                rates: list[float] | None = None) -> dict:
+                rates: list[float] | None = None, requests: int | None = None) -> dict:
     args, tokenizer = model_args(name)
     args += ["--slim"] if slim else []
     prompt_tokens, output_tokens = (16, 8) if smoke else (48, 32)
     spread = output_tokens // 2  # the sweeps' requests ask for 1 to 2x the mean, as a real mix does
     streams = streams or ([1, 4] if smoke else [1, 2, 4, 8, 16])
     rates = rates or ([1.0] if smoke else [0.5, 1.0, 2.0])
-    requests = 4 if smoke else 16
+    requests = requests or (4 if smoke else 16)
     one_stream: dict[str, dict] = {}
     srv = _serve(args, 1, "continuous")  # one client: does it pay for the idle slots? (8 slots: below)
     try:
@@ -123,12 +123,15 @@ def main(argv: list[str] | None = None) -> int:
                         "for 1, 2 and 4 rows) instead of the eager ones")
     parser.add_argument("--streams", default=None, help="the concurrency sweep, comma-separated (default: 1,2,4,8,16)")
     parser.add_argument("--rates", default=None, help="the Poisson sweep in requests/s, comma-separated (default: 0.5,1,2)")
+    parser.add_argument("--requests", type=int, default=None, help="requests per point (default: 16, at least twice "
+                        "the streams; --smoke 4)")
     parser.add_argument("--json", action="store_true", help="print the JSON only")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="serve-bench-") as work:
         streams = [int(v) for v in args.streams.split(",")] if args.streams else None
         rates = [float(v) for v in args.rates.split(",")] if args.rates else None
-        results = [bench_model(name, args.smoke, Path(work), args.slim, streams, rates) for name in args.models.split(",")]
+        results = [bench_model(name, args.smoke, Path(work), args.slim, streams, rates, args.requests)
+                   for name in args.models.split(",")]
     out = {"benchmark": "serve_bench", "tool": f"guidellm {GUIDELLM_VERSION}", "results": results}
     if not args.json:
         for r in results:

@@ -147,7 +147,7 @@ def real_e2b_decode(kv_len: int) -> dict:
     runner = backend.compile(graph, [], graph.aliases)
     ple_width = layout.num_layers * layout.per_layer_input_size
     embeddings = _ShapeOnlyEmbeddings(layout.hidden_size, layout.num_layers, layout.per_layer_input_size, ple_width)
-    inputs = HostInputs(layout, stores, embeddings).decode_fresh(torch.tensor([3]), torch.tensor([kv_len - 1]), kv_len)
+    inputs = HostInputs(layout, stores, embeddings).decode_fresh(torch.tensor([3]), torch.tensor([kv_len - 1]))
     store = stores.specs[kv_len].allocate(1, torch.bfloat16)
     t0 = time.perf_counter()
     with torch.no_grad():

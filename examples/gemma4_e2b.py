@@ -63,7 +63,7 @@ def main() -> int:
     #    verified artifact is written atomically.
     out = artifact_dir(args, "gemma4_e2b_")
     manifest = write_artifact(out, model, source, setup, shape, backend=args.backend, tokenizer_dir=args.model_dir)
-    print(f"[compile] {len(manifest['files'])} files in {out}, weights fingerprint {manifest['weights_fingerprint'][:16]}…")
+    print(f"[compile] {len(manifest.files)} files in {out}, weights fingerprint {manifest.weights_fingerprint[:16]}…")
 
     # 7-8. Reload it the way a server will (a fresh process, the directory alone), check it against
     #      Hugging Face on CPU, then serve it with --serve (OpenAI-compatible API).

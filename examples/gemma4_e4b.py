@@ -68,7 +68,7 @@ def main() -> int:
     #    (nxd: one ModelBuilder traces every core's graphs from this process instead.)
     out = artifact_dir(args, "gemma4_e4b_")
     manifest = write_artifact(out, model, source, setup, shape, backend=args.backend, tokenizer_dir=args.model_dir)
-    print(f"[compile] tp {manifest['tp']}: {len(manifest['files'])} files in {out}")
+    print(f"[compile] tp {manifest.tp}: {len(manifest.files)} files in {out}")
 
     # 7-8. Reload in a fresh process (the ranks load their own graphs) and check against Hugging Face on CPU.
     return validate_then_serve(out, args)

@@ -63,7 +63,7 @@ def main() -> int:
     #    inside when tp > 1), and the artifact is written atomically.
     out = artifact_dir(args, f"port_{args.name}_")
     manifest = write_artifact(out, model, source, setup, shape, backend=args.backend, tokenizer_dir=args.model_dir)
-    print(f"[compile] tp {manifest['tp']}: {len(manifest['files'])} files in {out}")
+    print(f"[compile] tp {manifest.tp}: {len(manifest.files)} files in {out}")
 
     # 7-8. Reload in a fresh process and check against Hugging Face on CPU, then serve with --serve.
     return validate_then_serve(out, args)

@@ -67,7 +67,7 @@ def port_one(name: str, args: argparse.Namespace, out_root: Path) -> bool:
     shape = PortShape(buckets=[64], kv_lens=[256])
     out = out_root / name
     manifest = write_artifact(out, model, source, setup, shape, backend="cpu", tokenizer_dir=directory)
-    print(f"[compile] {len(manifest['files'])} files in {out} ({manifest['dtype']})")
+    print(f"[compile] {len(manifest.files)} files in {out} ({manifest.dtype})")
     del model
 
     # 7. Reload in a fresh process and check against Hugging Face's greedy generate on CPU.

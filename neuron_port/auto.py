@@ -67,6 +67,7 @@ class PortedModel:
         from neuron_port.graph.shapes import PortShape
         from neuron_port.model.layout import describe
         from neuron_port.model.quant import quant_of
+        from neuron_port.model.source import Source
         from neuron_port.parallel.ranks import RankSetup
 
         if self.artifact or self.model is None:
@@ -74,7 +75,7 @@ class PortedModel:
         if self.directory is None:
             raise ModelSourceError("a model with random weights has no directory to record as its source: compile it "
                                    "with 'neuron-port compile NAME --tiny'")
-        source = {"kind": "dir", "path": str(self.directory.resolve()), "quant": quant_of(self.model)}
+        source = Source.directory(str(self.directory.resolve()), quant_of(self.model))
         setup = RankSetup.for_layout(describe(self.model), tp or self.tp)
         write_artifact(Path(out), self.model, source, setup, PortShape(self.buckets, self.kv_len), backend=backend,
                        tokenizer_dir=self.directory)  # the tokenizer and chat template go with the graphs

@@ -148,7 +148,7 @@ def load_rank0_port(directory: Path):
     return load_rank_port(directory, verify(directory), 0)
 
 
-def write_tiny_artifact(model, out_dir: Path, source: dict, buckets=(32,), kv_lens=(64,)) -> dict:
+def write_tiny_artifact(model, out_dir: Path, source, buckets=(32,), kv_lens=(64,)):
     """A CPU artifact of ``model`` at tp 1; returns its manifest."""
     from neuron_port.artifacts.writer import write_artifact
     from neuron_port.graph.shapes import PortShape
@@ -265,6 +265,23 @@ def straddling_model():
     text = tiny_config_dict(load_config_dict("gemma-4-e4b"))
     text.update(num_attention_heads=6, num_key_value_heads=3)
     return build_model(family_for(text["model_type"]).make_config(text), seed=0)
+
+
+def record_decode_rows(set_attribute=setattr) -> list[int]:
+    """Spy on ``Runners.decode_step``: the returned list gets the rows of every decode step's graph, in order
+    (``set_attribute``: ``monkeypatch.setattr`` in a test, plain ``setattr`` in a fresh process)."""
+    from neuron_port.graph.runners import Runners
+
+    used: list[int] = []
+    chosen = Runners.decode_step
+
+    def spied(self, needed: int, kv: int):
+        rows, runner = chosen(self, needed, kv)
+        used.append(rows)
+        return rows, runner
+
+    set_attribute(Runners, "decode_step", spied)
+    return used
 
 
 def run_slot_schedule(port, schedule, slots: int) -> dict[int, list[int]]:

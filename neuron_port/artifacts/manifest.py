@@ -34,12 +34,14 @@ from typing import Any
 
 import torch
 
+from neuron_port.artifacts.record import Manifest
+from neuron_port.backends.registry import backend_spec
 from neuron_port.errors import ArtifactError, UnsupportedArchitectureError
 from neuron_port.families import AdapterSource, adapter_source, family_for
 from neuron_port.progress import progress
 
 # 2: graphs without weights, one weights file per rank; 3: graphs take lengths and build their own masks
-FORMAT = "neuron-port-artifact/3"
+FORMAT = "neuron-port-artifact/4"
 MANIFEST = "manifest.json"
 NEURON_COMPONENTS = ("torch-neuronx", "neuronx-cc", "neuronx-distributed")
 
@@ -118,12 +120,6 @@ def write_manifest(directory: Path, fields: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
-def host_ranks(manifest: Mapping[str, Any]) -> int:
-    """The host processes an artifact runs in: one per rank, except nxd (and neuron, nxd at tp 1),
-    whose one executor drives every NeuronCore from one process."""
-    return 1 if manifest.get("backend") in ("nxd", "neuron") else int(manifest["tp"])
-
-
 # ---- reading and verifying -----------------------------------------------------------------
 def read_manifest(directory: str | Path) -> dict[str, Any]:
     path = Path(directory) / MANIFEST
@@ -165,7 +161,7 @@ def _check_versions(manifest: dict[str, Any], allow_mismatch: bool) -> None:
     recorded = manifest["versions"]
     installed = installed_versions()
     checks = [("neuron-port", 2), ("torch", 2)]
-    if manifest["backend"] in ("neuron", "nxd"):
+    if backend_spec(manifest["backend"]).sdk_modules:
         checks += [(name, 3) for name in NEURON_COMPONENTS]
     for name, parts in checks:
         want, have = recorded.get(name), installed.get(name)
@@ -221,8 +217,8 @@ def _check_adapter(manifest: dict[str, Any], allow_mismatch: bool) -> None:
         )
 
 
-def verify(directory: str | Path, allow_version_mismatch: bool = False) -> dict[str, Any]:
-    """Every check a loader needs before trusting an artifact; returns the manifest."""
+def verify(directory: str | Path, allow_version_mismatch: bool = False) -> Manifest:
+    """Every check a loader needs before trusting an artifact; returns the manifest, typed."""
     directory = Path(directory)
     manifest = read_manifest(directory)
     _check_digests(manifest)
@@ -242,11 +238,10 @@ def verify(directory: str | Path, allow_version_mismatch: bool = False) -> dict[
     config = json.loads((directory / "config.json").read_text())
     if config_hash(config) != manifest["config_hash"]:
         raise ArtifactError(f"config.json: expected hash {manifest['config_hash']}, found {config_hash(config)}")
-    return manifest
+    return Manifest.from_json(manifest, str(directory / MANIFEST))
 
 
 __all__ = [
-    "host_ranks",
     "FORMAT",
     "file_sha256",
     "weights_fingerprint",

@@ -29,9 +29,10 @@ from neuron_port.artifacts.manifest import (
     weights_fingerprint,
     write_manifest,
 )
+from neuron_port.artifacts.record import Manifest
 from neuron_port.backends import check_backend_tp, get_backend, require_backend
-from neuron_port.backends.base import RESIDENT_KV_BACKENDS
 from neuron_port.backends.nxd_artifact import write_nxd_rank
+from neuron_port.backends.registry import artifact_backends, backend_spec
 from neuron_port.backends.weight_pool import HOST_PREFIX
 from neuron_port.families import DecoderFamily, adapter_source
 from neuron_port.graph.embedding import HostEmbeddings
@@ -41,6 +42,7 @@ from neuron_port.graph.shapes import PortShape
 from neuron_port.model.configs import config_to_dict
 from neuron_port.model.loading import checkpoint_state
 from neuron_port.model.localdir import write_tokenizer
+from neuron_port.model.source import Source
 from neuron_port.parallel.ranks import Rank, RankSetup, check_setup_matches, run_ranks
 
 TOKENIZER_FILES = (
@@ -72,7 +74,7 @@ def compile_rank(out_dir: str, shape: PortShape, backend_name: str, batch: int, 
 
 
 def write_host_files(
-    out: Path, model: nn.Module, family: DecoderFamily, source: dict[str, Any], tokenizer_dir: str | Path | None
+    out: Path, model: nn.Module, family: DecoderFamily, source: Source, tokenizer_dir: str | Path | None
 ) -> tuple[dict[str, Any], HostEmbeddings]:
     """config.json, embeddings.safetensors and the tokenizer files; returns the config dict and
     the host embeddings written (``family``: the model's adapter, resolved by the caller)."""
@@ -89,7 +91,7 @@ def write_host_files(
         for path in present:
             if path.exists():
                 shutil.copy(path, out / path.name)
-    elif source.get("tiny"):
+    elif source.tiny:
         write_tokenizer(out, family.vocab_size(config))  # the demo tokenizer of the tiny variants
     return config_dict, emb
 
@@ -97,21 +99,20 @@ def write_host_files(
 def write_artifact(
     out_dir: str | Path,
     model: nn.Module,
-    source: dict[str, Any],
+    source: Source,
     setup: RankSetup,
     shape: PortShape,
     backend: str = "cpu",
     batch: int = 1,
     tokenizer_dir: str | Path | None = None,
-) -> dict[str, Any]:
+) -> Manifest:
     """Write a verified artifact of ``model`` sharded by ``setup`` and shaped by ``shape``; returns its manifest.
 
-    ``source`` says where the weights came from (``{"kind": "shipped", "name", "tiny", "seed"}``
-    or ``{"kind": "dir", "path"}``, with ``quant``: the scheme of ``model``'s projections) so a later
-    check can rebuild the same CPU reference and prove it is the same checkpoint (weights
-    fingerprint). ``model`` is not modified.
+    ``source`` says where the weights came from (a shipped config and seed, or a directory, with
+    ``quant``: the scheme of ``model``'s projections) so a later check can rebuild the same CPU reference
+    and prove it is the same checkpoint (weights fingerprint). ``model`` is not modified.
     """
-    if backend not in ("cpu", "cpu-eager", "neuron", "nxd"):
+    if backend not in artifact_backends():
         raise ArtifactError(
             f"backend {backend!r} does not save graphs; an artifact takes cpu, neuron or nxd "
             "(xla graphs are checked in process with 'neuron-port port --backend xla')"
@@ -122,7 +123,7 @@ def write_artifact(
     check_setup_matches(setup, model)
     with atomic_directory(out_dir) as tmp:
         config_dict, embeddings = write_host_files(tmp, model, setup.layout.family, source, tokenizer_dir)
-        if backend in RESIDENT_KV_BACKENDS:  # one ModelBuilder traces every core's graphs from this process
+        if backend_spec(backend).whole_artifact:  # one ModelBuilder traces every core's graphs from this process
             ranks = [write_nxd_rank(tmp / "rank0", model, setup, shape, batch)]
         else:
             ranks = run_ranks(functools.partial(compile_rank, str(tmp), shape, backend, batch), setup, model, mode="gloo")
@@ -135,7 +136,7 @@ def write_artifact(
                 "adapter": adapter_source(setup.layout.family).to_json(),
                 "config_hash": config_hash(config_dict),
                 "weights_fingerprint": weights_fingerprint(checkpoint_state(model, clone=False)),
-                "source": source,
+                "source": source.to_json(),
                 **shape.to_json(),
                 "tp": setup.tp,
                 "batch": batch,
@@ -144,7 +145,7 @@ def write_artifact(
                 "runners": ranks[0]["runners"],
             },
         )
-    return manifest
+    return Manifest.from_json(manifest)
 
 
 __all__ = ["TOKENIZER_FILES", "compile_rank", "write_host_files", "write_artifact"]

@@ -1,19 +1,25 @@
-"""Backends behind one protocol. Vendor SDKs are imported only inside the backend that needs them."""
+"""Backends: what each name is (:mod:`neuron_port.backends.registry`) and the object behind it. Vendor SDKs are
+imported only inside the backend that needs them."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from neuron_port.backends.registry import BACKENDS, BackendSpec, backend_spec
 from neuron_port.backends.sdk import NEURON_HINT, check_backend_tp, require_backend
-from neuron_port.errors import NeuronPortError
 
 
-def get_backend(name: str, **options):
-    """A backend by name: ``cpu`` (TorchScript-traced), ``cpu-eager``, ``neuron``, ``xla``.
+def get_backend(name: str, **options: Any) -> Any:
+    """A backend by name: ``cpu`` (TorchScript-traced), ``cpu-eager``, ``xla`` (each a
+    :class:`~neuron_port.graph.contracts.GraphCompiler`), ``neuron``, ``nxd`` (each loads artifacts only).
+    An unknown name is refused with the names there are (:func:`~neuron_port.backends.registry.backend_spec`).
 
     ``options`` go to the backend's constructor (``cpu``: ``passes=False`` keeps the traced graph
     as traced; ``xla``: ``setup``, the rank setup to run as SPMD).
     neuronx-distributed's ModelBuilder (``nxd``, :mod:`neuron_port.backends.nxd_artifact`) builds a
     whole artifact at once rather than graph by graph (:func:`neuron_port.artifacts.writer.write_artifact`
     calls it); its backend object loads such an artifact's graphs."""
+    backend_spec(name)
     if name in ("cpu", "cpu-eager"):
         from neuron_port.backends.cpu import CpuBackend
 
@@ -27,11 +33,9 @@ def get_backend(name: str, **options):
         from neuron_port.backends.neuron import NeuronBackend
 
         return NeuronBackend(**options)
-    if name == "nxd":
-        from neuron_port.backends.nxd_artifact import NxdBackend
+    from neuron_port.backends.nxd_artifact import NxdBackend
 
-        return NxdBackend(**options)
-    raise NeuronPortError(f"unknown backend {name!r}; expected cpu, cpu-eager, neuron, nxd or xla")
+    return NxdBackend(**options)
 
 
-__all__ = ["require_backend", "check_backend_tp", "get_backend", "NEURON_HINT"]
+__all__ = ["require_backend", "check_backend_tp", "get_backend", "backend_spec", "BackendSpec", "BACKENDS", "NEURON_HINT"]

@@ -22,6 +22,7 @@ from torch import nn
 
 from neuron_port.backends.static_graph_passes import optimize_traced
 from neuron_port.backends.weight_pool import WeightPool, bind_graphs, save_lifted, view_key
+from neuron_port.graph.kv import KVWrite
 from neuron_port.graph.step import Runnable
 
 
@@ -33,15 +34,17 @@ class CpuBackend:
         self.passes = passes
         self.name = "cpu"
         # Compiled graphs take only the batch they were compiled for (Port.batch enforces it).
-        self.static_batch = mode == "jit"
+        self.fixed_batch = mode == "jit"
         # Nodes each pass changed, summed over the graphs this backend compiled.
         self.pass_counts: dict[str, int] = {}
         # Transposed weight copies, shared by every graph this backend freezes from one model.
         self._transposed: dict = {}
         # Traced decode graphs write the new token's K/V in place (scatter) rather than
         # re-writing every buffer with a one-hot blend: on a CPU the blend is a full pass over
-        # the KV store per step. Eager mode keeps the device graphs' exact ops.
-        self.inplace_kv_writes = mode == "jit"
+        # the KV store per step. Eager mode keeps the reference's exact ops.
+        self.kv_write = KVWrite.IN_PLACE if mode == "jit" else KVWrite.BLEND
+        self.inference_mode = True  # its runnables may run under torch.inference_mode
+        self.leading_update = None  # a prefill writes its prompt rows by slice_scatter
 
     def compile(self, graph: nn.Module, example_inputs: Sequence[torch.Tensor], aliases: dict[int, int],
                 options: dict[str, Any] | None = None) -> Runnable:
@@ -61,16 +64,6 @@ class CpuBackend:
             for name, count in counts.items():
                 self.pass_counts[name] = self.pass_counts.get(name, 0) + count
             return frozen
-
-    def save(self, runnable: Runnable, path: Path) -> None:
-        if not isinstance(runnable, torch.jit.ScriptModule):
-            raise TypeError("only compiled (jit) CPU graphs are saved; compile with mode='jit'")
-        torch.jit.save(runnable, str(path))
-
-    def load(self, path: Path) -> Runnable:
-        import neuron_port.parallel.collectives  # noqa: F401  (registers the all-reduce op traced graphs call)
-
-        return torch.jit.load(str(path), map_location="cpu")
 
     def save_graphs(self, graphs: Mapping[str, Runnable], rank_dir: Path, named: Mapping[str, torch.Tensor]) -> list[Path]:
         """Every graph of a rank with its weights lifted into one pool (:mod:`weight_pool`):

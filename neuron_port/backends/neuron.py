@@ -24,25 +24,11 @@ run by ``neuron-port generate DIR`` or ``serve``. The SDK is imported only when 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from neuron_port.backends.nxd_artifact import NxdBackend
-from neuron_port.errors import NeuronPortError
+from neuron_port.backends.registry import BACKENDS
 
-IN_PROCESS_REFUSAL = ("the neuron backend builds every graph at once with neuronx-distributed's ModelBuilder at tp 1 "
-                      "(weights loaded once, one KV state for all graphs, as the SDK documents); write an artifact with "
-                      "'neuron-port compile MODEL --backend neuron --out DIR' and run it with 'neuron-port generate DIR'")
-
-
-def compiler_args(auto_cast: str = "none", model_type: str = "transformer", optimize: str | None = None,
-                  extra: Sequence[str] = ()) -> list[str]:
-    """``neuronx-cc`` arguments. ``auto_cast``: none | matmult | all (the compiler's choices)."""
-    if auto_cast not in ("none", "matmult", "all"):
-        raise ValueError(f"auto_cast must be none, matmult or all; found {auto_cast!r}")
-    args = ["--model-type", model_type, "--auto-cast", auto_cast]
-    if optimize:
-        args.append(f"-{optimize}" if not optimize.startswith("-") else optimize)
-    return args + list(extra)
+IN_PROCESS_REFUSAL = BACKENDS["neuron"].refusal
+"""Why ``port --backend neuron`` compiles nothing in process, and what to run instead."""
 
 
 class NeuronBackend(NxdBackend):
@@ -50,8 +36,5 @@ class NeuronBackend(NxdBackend):
 
     name = "neuron"
 
-    def compile(self, graph, example_inputs, aliases, options=None):
-        raise NeuronPortError(IN_PROCESS_REFUSAL)
 
-
-__all__ = ["NeuronBackend", "compiler_args", "IN_PROCESS_REFUSAL"]
+__all__ = ["NeuronBackend", "IN_PROCESS_REFUSAL"]

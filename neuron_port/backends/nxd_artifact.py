@@ -47,14 +47,15 @@ from neuron_port.errors import ArtifactError, NeuronPortError
 from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.graph.graphs import DecodeGraph, PrefillGraph
 from neuron_port.graph.host_inputs import HostInputs
+from neuron_port.graph.kv import KVWrite
 from neuron_port.graph.runners import runner_file
-from neuron_port.graph.shapes import PortShape, StoreShapes, occupancy_rows
+from neuron_port.graph.shapes import PortShape, StoreShapes, decode_rows_for
 from neuron_port.model.tensorfile import read_header
 from neuron_port.parallel.ranks import RankSetup
 from neuron_port.progress import progress
 
 GRAPHS_FILE = "nxd_graphs.json"
-ROW_KV_WRITES = True
+DECODE_KV_WRITE = KVWrite.ROWS
 """Decode graphs traced by ModelBuilder write their new K/V rows by a scatter into the aliased store
 (what NxD Inference's ``kv_cache_manager`` does), not by a blend over the whole store."""
 
@@ -86,7 +87,7 @@ def resident_factory(model: nn.Module, setup: RankSetup, stores: StoreShapes, ki
                 graph.leading_update = leading_update
         else:
             graph = DecodeGraph(shard, stores.specs[size], store=stores.largest, rows=rows)
-            graph.row_kv_writes = ROW_KV_WRITES
+            graph.kv_write = DECODE_KV_WRITE
             graph.slot_input = True
         return KVResident(graph, kv_shapes, kv_dtype)
 
@@ -114,7 +115,7 @@ def write_nxd_rank(rank_dir: Path, model: nn.Module, setup: RankSetup, shape: Po
     state = inputs.new_store(batch, local.kv_len).tensors()  # the one store every graph aliases
     kv_shapes, kv_dtype = [t.shape for t in state], state[0].dtype
     graphs, keys = {}, {}
-    decode_rows = occupancy_rows(batch) if decode_rows is None else tuple(r for r in decode_rows if 0 < r < batch)
+    decode_rows = decode_rows_for(batch, decode_rows)
     jobs = [("prefill", b, None) for b in local.buckets] + [("decode", kv, None) for kv in local.kv_lens]
     jobs += [("decode", kv, rows) for rows in decode_rows for kv in local.kv_lens]
     for kind, size, rows in jobs:
@@ -137,7 +138,7 @@ def write_nxd_rank(rank_dir: Path, model: nn.Module, setup: RankSetup, shape: Po
     (rank_dir / GRAPHS_FILE).write_text(json.dumps({"tp": setup.tp, "graphs": keys, "kv_state_bytes_per_core": state_bytes},
                                                    indent=2))
     host = shape.stores(setup.layout)
-    return {"kv_layout": host.kv_layout(), "runners": {"inplace_kv_writes": False, "row_kv_writes": ROW_KV_WRITES,
+    return {"kv_layout": host.kv_layout(), "runners": {"kv_write": DECODE_KV_WRITE.value,
                                                        "resident_kv": True, "decode_rows": list(decode_rows),
                                                        "prefill_write": "dynamic-update-slice" if prefill_update
                                                        else "slice_scatter"}}
@@ -170,14 +171,11 @@ def kv_state_bytes(rank_dir: Path) -> int:
 
 
 class NxdBackend:
-    """Loads an nxd artifact's graphs (it compiles nothing graph by graph: :func:`write_nxd_rank` does)."""
+    """Loads an nxd artifact's graphs (an :class:`~neuron_port.graph.contracts.ArtifactGraphs`); it compiles
+    nothing graph by graph: :func:`write_nxd_rank` builds the whole artifact."""
 
     name = "nxd"
-    inplace_kv_writes = False
-
-    def compile(self, graph: nn.Module, example_inputs, aliases):
-        raise NeuronPortError("the nxd backend traces every graph at once with ModelBuilder; build an artifact "
-                              "(neuron-port compile ... --backend nxd) instead of compiling graph by graph")
+    kv_write = DECODE_KV_WRITE
 
     def load_graphs(self, rank_dir: Path, files: list[str], host: Mapping[str, torch.Tensor]) -> dict[str, ResidentKVRunner]:
         """The executor loaded once and initialised with every core's shard; one runner per graph file."""
@@ -195,5 +193,5 @@ class NxdBackend:
                 for f in files}
 
 
-__all__ = ["GRAPHS_FILE", "ROW_KV_WRITES", "resident_factory", "slot_ids", "write_nxd_rank", "shard_bytes", "kv_state_bytes",
+__all__ = ["GRAPHS_FILE", "DECODE_KV_WRITE", "resident_factory", "slot_ids", "write_nxd_rank", "shard_bytes", "kv_state_bytes",
            "NxdBackend"]

@@ -8,8 +8,7 @@
   scales in NxD's quantized-layer convention;
 * :func:`traced_checkpoint`: the same keyed as the KV-resident wrapper names its weights
   (``graph.model.<key>``), which is what ModelBuilder shards by;
-* :func:`rank_checkpoints` / :func:`save_rank_checkpoints`: per-rank state dicts from the library's
-  own ranks, in NxD's file naming.
+* :func:`rank_checkpoints`: per-rank state dicts from the library's own ranks.
 
 Pure tensor work: nothing here imports the Neuron SDK.
 """
@@ -17,12 +16,9 @@ Pure tensor work: nothing here imports the Neuron SDK.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
 from neuron_port.errors import ShardingError
@@ -137,16 +133,6 @@ def rank_checkpoints(model: nn.Module, setup: RankSetup, layer_dtype: torch.dtyp
     return run_ranks(functools.partial(_rank_state, layer_dtype), setup, model, mode="threads")
 
 
-def save_rank_checkpoints(checkpoints: Sequence[dict[str, torch.Tensor]], out_dir: Path) -> list[Path]:
-    """``tp{r}_sharded_checkpoint.safetensors`` per rank (NxD's own naming)."""
-    paths = []
-    for rank, state in enumerate(checkpoints):
-        path = Path(out_dir) / f"tp{rank}_sharded_checkpoint.safetensors"
-        save_file(state, str(path))
-        paths.append(path)
-    return paths
-
-
 TRACED_PREFIX = "graph.model."
 """Where a :class:`KVResident` wrapper names the model's weights: ``graph`` (the static graph)
 then ``model`` (the CausalLM it runs)."""
@@ -161,5 +147,4 @@ def traced_checkpoint(model: nn.Module, setup: RankSetup, layer_dtype: torch.dty
     return {TRACED_PREFIX + k: v for k, v in nxd_checkpoint(model, setup, layer_dtype).items()}
 
 
-__all__ = ["host_table_keys", "device_head", "nxd_checkpoint", "traced_checkpoint", "TRACED_PREFIX", "rank_checkpoints",
-           "save_rank_checkpoints"]
+__all__ = ["host_table_keys", "device_head", "nxd_checkpoint", "traced_checkpoint", "TRACED_PREFIX", "rank_checkpoints"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from neuron_port.backends.registry import backend_spec
 from neuron_port.errors import BackendUnavailableError, NeuronPortError
 
 NEURON_HINT = (
@@ -10,13 +11,10 @@ NEURON_HINT = (
     "(the PyPI packages of those names are placeholders that raise ImportError('WRONG PACKAGE'))"
 )
 
-# neuron is ModelBuilder at tp 1 (neuron_port.backends.neuron), so it needs neuronx-distributed too
-_VENDOR_MODULES = {"neuron": ("torch_neuronx", "neuronx_distributed"), "nxd": ("torch_neuronx", "neuronx_distributed")}
-
 
 def require_backend(name: str) -> None:
     """Fail fast, with the install hint, when ``name`` needs an SDK that is absent."""
-    for module in _VENDOR_MODULES.get(name, ()):
+    for module in backend_spec(name).sdk_modules:
         try:
             __import__(module)
         except Exception as exc:  # ImportError, or the placeholder's ImportError("WRONG PACKAGE")
@@ -30,8 +28,10 @@ def check_backend_tp(name: str, tp: int) -> None:
 
     ``neuron`` is one NeuronCore (ModelBuilder at tp 1); tensor parallelism on Neuron is ``nxd``,
     the same ModelBuilder at any degree."""
-    if name == "neuron" and tp > 1:
-        raise NeuronPortError(f"--backend neuron compiles for one NeuronCore and cannot run tp {tp}: "
+    largest = backend_spec(name).max_tp
+    if largest is not None and tp > largest:
+        cores = "one NeuronCore" if largest == 1 else f"{largest} NeuronCores"
+        raise NeuronPortError(f"--backend {name} compiles for {cores} and cannot run tp {tp}: "
                               "use --backend nxd (the same ModelBuilder path, any tp) for tensor parallelism")
 
 

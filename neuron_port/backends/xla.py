@@ -6,11 +6,12 @@ graphs through torch-xla, lower them to XLA HLO and hand that to neuronx-cc. Wit
 graphs, their weights and the KV store on the XLA device:
 
 * one sync per step (host inputs go to the device, the step runs, the logits come back); a store
-  grown between steps is materialised by one more, as a small graph of its own;
+  still pending when a step starts is materialised by one more, as a small graph of its own (an xla
+  port's graphs all take the one store whole, so on that path none is);
 * the weights are moved once: every graph of a model reads the same device buffers (the report's
   ``weight_copies`` and ``weight_bytes_to_device``);
 * the store's tensors are written back in place after every step, so XLA aliases (donates) them
-  to the step's outputs and the store stays resident; a grown store is made on the device;
+  to the step's outputs and the store stays resident;
 * graphs run under ``no_grad``, never ``inference_mode`` (lazy tensors cannot be inference tensors);
 * with ``setup`` at tp > 1: SPMD over tp CPU devices (``xr.use_spmd()``, a 1-D ``tp`` mesh); the
   weights are annotated from the setup's shard plan (q, k, v, gate, up split by rows; o, down by
@@ -44,6 +45,7 @@ from neuron_port.backends.hlo_cost import CLASSES, decode_cost, traffic
 from neuron_port.backends.hlo_text import HloSummary, summarize
 from neuron_port.backends.leading_update import leading_update
 from neuron_port.errors import BackendUnavailableError, NeuronPortError
+from neuron_port.graph.kv import KVWrite
 from neuron_port.graph.step import INPUT_NAMES
 
 XLA_HINT = ("install torch-xla beside the matching torch, in its own virtualenv (torch-xla 2.8 needs torch 2.8): "
@@ -203,8 +205,8 @@ class XlaRunner:
         n = len(INPUT_NAMES)
         kv = [t if t.device.type == "xla" else backend.place_kv(t) for t in args[n:]]
         if any(id(t) not in backend.resident for t in kv if t.device.type == "xla") and args[n].device.type == "xla":
-            # a store grown between steps is still a pending computation: it runs as its own small graph
-            backend.recorder.watch(f"kv_grow_to_{self.name.split('_')[-1]}", self._sync)
+            # a store computed between steps is still a pending computation: it runs as its own small graph
+            backend.recorder.watch(f"kv_view_{self.name.split('_')[-1]}", self._sync)
         inputs = [x.to(backend.device) for x in args[:n]]
 
         def step() -> tuple[torch.Tensor, ...]:
@@ -227,18 +229,22 @@ class XlaBackend:
     """Graphs kept and run on an XLA device (CPU PJRT here); SPMD over ``setup.tp`` devices at tp > 1."""
 
     name = "xla"
-    static_batch = True  # a new batch would be a new graph shape: a new compile
-    inplace_kv_writes = False  # the graph returns the store; it is written back outside it
+    fixed_batch = True  # a new batch would be a new graph shape: a new compile
     inference_mode = False
 
-    def __init__(self, setup=None, row_kv_writes: bool = True, prefill_update: bool = True):
-        """``row_kv_writes``: decode scatters its new rows into the aliased store (graph.kv.row_write); False
-        blends the whole store (what every decode graph did before, kept for the decode_cost benchmark).
+    def __init__(self, setup=None, kv_write: KVWrite = KVWrite.ROWS, prefill_update: bool = True):
+        """``kv_write``: ``ROWS``, decode scatters its new rows into the aliased store (graph.kv.row_write),
+        returned and written back outside the graph; ``BLEND`` rewrites the whole store (what every decode
+        graph did before, kept for the decode_cost benchmark). Never ``IN_PLACE``: a lazy graph returns
+        what it writes.
         ``prefill_update``: a prefill writes its prompt rows by one dynamic-update-slice
         (:func:`~neuron_port.backends.leading_update.leading_update`); False lowers ``slice_scatter`` (a
         select over each buffer), kept to measure the difference."""
         self.setup = setup
-        self.row_kv_writes = row_kv_writes
+        if KVWrite(kv_write) is KVWrite.IN_PLACE:
+            raise ValueError(f"the xla backend's decode returns the store it writes: expected kv_write "
+                             f"{KVWrite.ROWS.value!r} or {KVWrite.BLEND.value!r}, found {KVWrite.IN_PLACE.value!r}")
+        self.kv_write = KVWrite(kv_write)
         self.leading_update = leading_update if prefill_update else None
         self.devices = setup.tp if setup is not None else 1
         self.xla = require_xla()  # before anything is changed: without torch-xla, one line and nothing else
@@ -290,7 +296,9 @@ class XlaBackend:
         for name, buf in list(graph.named_buffers(recurse=False)):
             setattr(graph, name, buf.to(self.device))
         name = f"prefill_{graph.seq}" if graph.prefill else f"decode_{graph.spec.kv_len}"
-        if not graph.prefill:
+        if not graph.prefill and graph.rows is not None:  # a decode graph over the store's first rows
+            name += f"_rows{graph.rows}"
+        elif not graph.prefill:
             self.decode_graphs[name] = (graph.spec, example_inputs[0].shape[0], *self._device_weight_bytes(graph.model))
         return XlaRunner(self, name, graph, len(aliases))
 

@@ -5,3 +5,12 @@ compared with it tensor by tensor (``loader_check``); greedy runs against Huggin
 (``oracle``); self-checks for what tokens cannot show (``selfcheck``); fresh-process validation of
 an artifact; ``doctor``; static and XLA lint.
 """
+
+from __future__ import annotations
+
+from neuron_port.checks.check import Check
+from neuron_port.checks.doctor import run_doctor
+from neuron_port.checks.oracle import reference_generate
+from neuron_port.checks.validation import check_artifact, check_in_fresh_process
+
+__all__ = ["Check", "run_doctor", "reference_generate", "check_artifact", "check_in_fresh_process"]

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from neuron_port.artifacts.record import Manifest
 from neuron_port.checks.check import Check
 from neuron_port.checks.selfcheck import as_json, model_self_checks
 from neuron_port.errors import NeuronPortError
@@ -132,18 +133,16 @@ def _buffers(state: dict[str, torch.Tensor], config, family: DecoderFamily) -> C
     return Check("buffers", "pass", "; ".join(results))
 
 
-def _artifact(directory: Path) -> Check:
+def _artifact(directory: Path) -> tuple[Check, Manifest | None]:
+    """The artifact check, and the manifest it verified (None where it failed)."""
     from neuron_port.artifacts.manifest import verify
 
     try:
         manifest = verify(directory)
     except NeuronPortError as exc:
-        return Check("artifact", "fail", str(exc), "rebuild the artifact with `neuron-port compile` in this environment")
-    return Check(
-        "artifact",
-        "pass",
-        f"manifest verified ({len(manifest['files'])} files, backend {manifest['backend']}, tp {manifest['tp']})",
-    )
+        return Check("artifact", "fail", str(exc), "rebuild the artifact with `neuron-port compile` in this environment"), None
+    detail = f"manifest verified ({len(manifest.files)} files, backend {manifest.backend}, tp {manifest.tp})"
+    return Check("artifact", "pass", detail), manifest
 
 
 def _probe_prompt(config, family: DecoderFamily, bucket: int) -> list[int]:
@@ -182,17 +181,16 @@ def _port_model_dir(directory: Path, config, family: DecoderFamily, tokens: int)
     return [loader, _port_verdict(got.tokens[0], ref), *checks]
 
 
-def _port_artifact(directory: Path, config, family: DecoderFamily, tokens: int) -> list[Check]:
-    """The artifact's tokens, host embeddings and step logits against the checkpoint it was built from."""
-    from neuron_port.artifacts.manifest import read_manifest
+def _port_artifact(directory: Path, manifest: Manifest, config, family: DecoderFamily, tokens: int) -> list[Check]:
+    """The artifact's tokens, host embeddings and step logits against the checkpoint it was built from
+    (``manifest``: what the artifact check verified)."""
     from neuron_port.checks.oracle import reference_generate
     from neuron_port.checks.reference import reference_model
     from neuron_port.checks.validation import artifact_run_report, artifact_self_checks
     from neuron_port.generation.generate import generate
     from neuron_port.generation.request import GenerationRequest
 
-    manifest = read_manifest(directory)  # the artifact check, which runs first, verified it
-    prompt = _probe_prompt(config, family, max(manifest["buckets"]))
+    prompt = _probe_prompt(config, family, max(manifest.shape.buckets))
     reference = reference_model(manifest)
     result = generate(directory, GenerationRequest.greedy([prompt], tokens, keep_logits=True), manifest=manifest)
     out = artifact_self_checks(directory, manifest, reference, prompt, artifact_run_report(directory, manifest, prompt, result))
@@ -237,11 +235,12 @@ def run_doctor(directory: str | Path, tokens: int = 8) -> list[Check]:
         return checks
     family = family_for(config.model_type)
     checks.append(_tokenizer_check(directory, config, family))
-    state = None
+    state, manifest = None, None
     if is_artifact:
         checks.append(Check("weights", "skip", "artifact: weights are covered by the manifest's file hashes"))
         checks.append(Check("buffers", "skip", "artifact: buffers are inside the compiled graphs"))
-        checks.append(_artifact(directory))
+        check, manifest = _artifact(directory)
+        checks.append(check)
     else:
         weights, state = _weights(directory, config, family)
         checks.append(weights)
@@ -249,8 +248,10 @@ def run_doctor(directory: str | Path, tokens: int = 8) -> list[Check]:
         checks.append(Check("artifact", "skip", "not an artifact directory"))
     if any(c.status == "fail" for c in checks):
         checks.append(Check("port", "skip", "an earlier check failed; fix it first (it is cheaper)"))
+    elif manifest is not None:
+        checks += _port_artifact(directory, manifest, config, family, tokens)
     else:
-        checks += (_port_artifact if is_artifact else _port_model_dir)(directory, config, family, tokens)
+        checks += _port_model_dir(directory, config, family, tokens)
     return checks
 
 

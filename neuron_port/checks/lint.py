@@ -8,7 +8,7 @@ backend saves) and every op is inspected:
   ``scatter`` along the sequence into a KV store input, whose result the graph returns, is that
   store written back by rows, the decode write
   NxD Inference itself uses into its aliased cache (and the one the neuron and nxd backends'
-  decode graphs use, :data:`~neuron_port.backends.nxd_artifact.ROW_KV_WRITES`): reported as
+  decode graphs use, :data:`~neuron_port.backends.nxd_artifact.DECODE_KV_WRITE`): reported as
   ``kv-row-write`` (info), not as an error;
 * ``embedding`` over the vocabulary: the table belongs on the host;
 * any elementwise op whose output spans the vocabulary (found on the tiny graph by the tiny
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from neuron_port.backends.nxd_artifact import ROW_KV_WRITES
+from neuron_port.backends.nxd_artifact import DECODE_KV_WRITE
 from neuron_port.checks.check import Check
 from neuron_port.errors import AdapterError
 from neuron_port.generation.logits import softcap
@@ -219,7 +219,7 @@ def _graph_findings(tiny_config, real: Layout, softcap_in_graph: bool, dtype_byt
     examples = (port.inputs.example_prefill(16), port.inputs.example_decode(32))
     flat = [[*inputs, *store] for inputs, store in examples]
     kv_count = len(examples[1][1].tensors())
-    port.graphs.decode[32].row_kv_writes = ROW_KV_WRITES  # decode as the neuron and nxd backends trace it
+    port.graphs.decode[32].kv_write = DECODE_KV_WRITE  # decode as the neuron and nxd backends trace it
     graphs = {"prefill_16": (port.graphs.prefill[16], flat[0]), "decode_32": (port.graphs.decode[32], flat[1])}
     if softcap_in_graph:
         graphs = {k: (_SoftcapInGraph(g, tiny.softcap or 30.0), x) for k, (g, x) in graphs.items()}

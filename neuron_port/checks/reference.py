@@ -11,17 +11,18 @@ shared by the port and its oracle.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
 from neuron_port.artifacts.manifest import weights_fingerprint
+from neuron_port.artifacts.record import Manifest
 from neuron_port.errors import ArtifactError, ConfigError
 from neuron_port.families import family_for
 from neuron_port.model.configs import load_config_dict
-from neuron_port.model.loading import cast_state, checkpoint_state, parse_dtype
+from neuron_port.model.loading import cast_state, checkpoint_state
 from neuron_port.model.quant import apply_quant, fp32_keys
+from neuron_port.model.source import Source
 
 
 def _refuse_missing(missing: list[str], directory: Path, cls: type) -> None:
@@ -95,41 +96,36 @@ def reference_for_source(name: str | Path, tiny: bool = False, seed: int = 0, qu
     return apply_quant(model, quant)
 
 
-def reference_model(manifest: dict[str, Any]) -> nn.Module:
+def reference_model(manifest: Manifest) -> nn.Module:
     """Rebuild the float32 CPU reference from the artifact's recorded source (a directory through
     Hugging Face's own ``from_pretrained``, never this library's loader; quantized as the source
     records), proven to be the same
     weights: its state cast to the artifact's dtype has the manifest's weights fingerprint."""
-    model = _source_model(manifest["source"], manifest["source"].get("quant", "none"))
-    dtype = parse_dtype(manifest.get("dtype", "float32"))
-    found = weights_fingerprint(cast_state(checkpoint_state(model, clone=False), dtype, keep=fp32_keys(model)))
-    if found != manifest["weights_fingerprint"]:
+    model = _source_model(manifest.source, manifest.source.quant)
+    found = weights_fingerprint(cast_state(checkpoint_state(model, clone=False), manifest.dtype, keep=fp32_keys(model)))
+    if found != manifest.weights_fingerprint:
         raise ArtifactError(
-            f"the CPU reference rebuilt from {manifest['source']} is not the artifact's checkpoint: weights fingerprint "
-            f"expected {manifest['weights_fingerprint']}, found {found}; refusing to compare against the wrong oracle"
+            f"the CPU reference rebuilt from {manifest.source.to_json()} is not the artifact's checkpoint: weights "
+            f"fingerprint expected {manifest.weights_fingerprint}, found {found}; refusing to compare against the "
+            f"wrong oracle"
         )
     return model
 
 
-def unquantized_reference_model(manifest: dict[str, Any]) -> nn.Module:
+def unquantized_reference_model(manifest: Manifest) -> nn.Module:
     """The float32 model a quantized artifact's weights were quantized from (its recorded source, not
     quantized): what the ``quant-drift`` check measures the quantization against. Call it after
     :func:`reference_model`, which proves the quantized weights are the artifact's: quantizing is
     deterministic, so this is the model they came from."""
-    return _source_model(manifest["source"], "none")
+    return _source_model(manifest.source, "none")
 
 
-def _source_model(source: dict[str, Any], quant: str) -> nn.Module:
-    if source.get("kind") == "shipped":
-        model = reference_for_source(source["name"], tiny=bool(source.get("tiny")), seed=int(source.get("seed", 0)),
-                                     quant=quant)
-    elif source.get("kind") == "dir":
-        if not Path(source["path"]).is_dir():
-            raise ArtifactError(f"the reference checkpoint {source['path']} recorded in the manifest is not available here")
-        model = reference_for_source(source["path"], quant=quant)
-    else:
-        raise ArtifactError(f"field source: expected kind 'shipped' or 'dir', found {source!r}")
-    return model
+def _source_model(source: Source, quant: str) -> nn.Module:
+    if source.kind == "shipped":
+        return reference_for_source(source.name, tiny=source.tiny, seed=source.seed, quant=quant)
+    if not Path(source.path).is_dir():
+        raise ArtifactError(f"the reference checkpoint {source.path} recorded in the manifest is not available here")
+    return reference_for_source(source.path, quant=quant)
 
 
 __all__ = ["hf_reference_model", "reference_for_source", "reference_model"]

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from neuron_port.backends.registry import backend_spec
 from neuron_port.checks.check import Check
 from neuron_port.checks.oracle import teacher_forced_logits
 from neuron_port.families import family_of
@@ -48,9 +49,9 @@ REDUCED_PRECISION_EMBEDDING_TOLERANCE = 1e-2
 """bf16 host tables against a float32 model: two roundings of 2**-9 each, with room."""
 
 
-def logit_tolerance_for(backend: str, dtype: str) -> float:
+def logit_tolerance_for(backend: str, dtype: str | torch.dtype) -> float:
     """:data:`LOGIT_TOLERANCE` for float32 graphs on the CPU; the reduced-precision bound otherwise."""
-    exact = backend in ("cpu", "cpu-eager", "xla") and str(dtype).removeprefix("torch.") in ("float32", "fp32")
+    exact = backend_spec(backend).float32_exact and str(dtype).removeprefix("torch.") in ("float32", "fp32")
     return LOGIT_TOLERANCE if exact else REDUCED_PRECISION_LOGIT_TOLERANCE
 PROBE_TOKENS = 64
 
@@ -257,7 +258,7 @@ def check_quant_drift(float_model: nn.Module, prompt: Sequence[int], tokens: Seq
     return Check("quant-drift", check.status, f"{quant} against the float32 model: {check.detail}"), report
 
 
-def tokens_must_match(backend: str, dtype: str) -> bool:
+def tokens_must_match(backend: str, dtype: str | torch.dtype) -> bool:
     """Whether a checked run must give Hugging Face's float32 tokens exactly: yes for float32 graphs
     on the CPU or XLA; no in reduced precision, where greedy tokens flip at near-ties (bf16 diverged
     within 32 tokens on 33-79 % of real-text prompts, as transformers' own bf16 model does: see

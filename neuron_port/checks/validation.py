@@ -21,6 +21,7 @@ from typing import Any
 from torch import nn
 
 from neuron_port.artifacts.manifest import verify
+from neuron_port.artifacts.record import Manifest
 from neuron_port.checks.oracle import first_divergence, reference_generate
 from neuron_port.checks.reference import reference_model, unquantized_reference_model
 from neuron_port.errors import ArtifactError
@@ -38,15 +39,15 @@ def artifact_prompt(directory: str | Path, prompt_len: int, seed: int = 0) -> li
     return random_prompt(family.vocab_size(config), prompt_len, seed, family.special_ids(config).bos)
 
 
-def artifact_run_report(directory: str | Path, manifest: dict[str, Any], prompt: Sequence[int],
+def artifact_run_report(directory: str | Path, manifest: Manifest, prompt: Sequence[int],
                         result: GenerationResult) -> dict[str, Any]:
     """Row 0 of a generation from the artifact, as ``neuron-port generate --json`` reports it
     (when the request kept logits: every step's raw logits under ``"step_logits"``, tensors, not JSON)."""
     extra = {"step_logits": result.step_logits} if result.step_logits else {}
     return {**extra,
         "artifact": str(Path(directory).resolve()),
-        "backend": manifest["backend"],
-        "tp": manifest["tp"],
+        "backend": manifest.backend,
+        "tp": manifest.tp,
         "prompt_tokens": len(prompt),
         "new_tokens": len(result.tokens[0]),
         "tokens": result.tokens[0],
@@ -67,7 +68,7 @@ def compare_with_reference(out: dict[str, Any], reference: nn.Module, prompt: Se
             "seq_match": out["tokens"] == ref["tokens"]}
 
 
-def artifact_self_checks(directory: str | Path, manifest: dict[str, Any], reference: nn.Module, prompt: Sequence[int],
+def artifact_self_checks(directory: str | Path, manifest: Manifest, reference: nn.Module, prompt: Sequence[int],
                          out: dict[str, Any]) -> dict[str, Any]:
     """The self-checks an artifact allows, against the checkpoint it was built from: its host
     embedding files, and every step's logits (``out["step_logits"]``, removed from ``out``) after
@@ -84,22 +85,21 @@ def artifact_self_checks(directory: str | Path, manifest: dict[str, Any], refere
     from neuron_port.graph.embedding import load_host_embeddings
 
     step_logits = out.pop("step_logits", [])
-    dtype = manifest.get("dtype", "torch.float32")
-    tolerance = logit_tolerance_for(manifest["backend"], dtype)
+    tolerance = logit_tolerance_for(manifest.backend, manifest.dtype)
     logits, report = check_step_logits(reference, prompt, out["tokens"], step_logits, tolerance)
     config = load_config(Path(directory) / "config.json")
     checks = [check_embeddings(reference, load_host_embeddings(directory, config)),
               Check("attention", "skip", "compiled graphs run no Python: the attention check runs on a model"), logits]
-    quant = manifest["source"].get("quant", "none")
+    quant = manifest.source.quant
     drift = {}
     if quant != "none":  # what the quantization costs: the same steps against the float32 model it came from
         check, drift = check_quant_drift(unquantized_reference_model(manifest), prompt, out["tokens"], step_logits, quant,
-                                         judged=manifest["source"].get("kind") == "dir")
+                                         judged=manifest.source.is_checkpoint)
         checks.append(check)
     fields = result_fields(checks, report)
     if drift:
         fields["quant_check"] = drift
-    return {**out, **fields, "tokens_must_match": tokens_must_match(manifest["backend"], dtype)}
+    return {**out, **fields, "tokens_must_match": tokens_must_match(manifest.backend, manifest.dtype)}
 
 
 def check_artifact(directory: str | Path, prompt_len: int = 24, max_new_tokens: int = 32,

@@ -10,11 +10,12 @@ One call, three sources, one request and one result type
   Hugging Face forward: exactly what a server runs);
 * a :class:`~neuron_port.graph.port.Port` already built (one rank, as it is).
 
-Every source runs the static-batch scheduler (:mod:`neuron_port.generation.static_batch`): greedy
-or sampled, stop ids or stop strings (with a tokenizer). Live requests joining and leaving a
-running batch are the server engine's (:mod:`neuron_port.serve.engine`, over
-:mod:`neuron_port.generation.slots`). Every rank runs the same loop; the row-parallel all-reduces
-keep their logits identical, and a disagreement is reported.
+Every source runs the one scheduler, the slot batch (:mod:`neuron_port.generation.slots`), through
+:func:`~neuron_port.generation.offline.run_request`: every prompt prefilled at once, each row
+decoding until it stops, greedy or sampled, stop ids or stop strings (with a tokenizer). The server's
+engine (:mod:`neuron_port.serve.engine`) drives the same batch with requests joining as they arrive.
+Every rank runs the same loop; the row-parallel all-reduces keep their logits identical, and a
+disagreement is reported.
 """
 
 from __future__ import annotations
@@ -29,16 +30,18 @@ from torch import nn
 
 from neuron_port.artifacts.manifest import verify
 from neuron_port.artifacts.reader import artifact_setup, load_rank_port
+from neuron_port.artifacts.record import Manifest
 from neuron_port.errors import ArtifactError
+from neuron_port.generation.offline import run_request
 from neuron_port.generation.request import GenerationRequest, GenerationResult, merge_ranks
 from neuron_port.generation.request_state import TokenEvent
-from neuron_port.generation.static_batch import run_static, stream_static
 from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape, select_bucket
 from neuron_port.model.layout import describe
 from neuron_port.parallel.ranks import Mode, Rank, RankSetup, check_setup_matches, run_ranks
 
-Source = Port | nn.Module | str | Path
+GenerationSource = Port | nn.Module | str | Path
+"""What :func:`generate` runs: a model, a port, or an artifact directory."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,12 +57,8 @@ class _RankWork:
 
 def _on_port(port: Port, work: _RankWork, rank: int = 0) -> GenerationResult | dict[str, Any]:
     request = work.request if rank == 0 else work.request.without_logits()
-    if rank == 0 and work.on_token is not None and not work.crosses_processes:
-        result = GenerationResult.empty(request.batch)
-        for event in stream_static(port, request, work.tokenizer, result=result):
-            work.on_token(event)
-    else:
-        result = run_static(port, request, work.tokenizer)
+    on_token = work.on_token if rank == 0 and not work.crosses_processes else None
+    result = run_request(port, request, work.tokenizer, on_token=on_token)
     batch, dtype_bytes, spec = request.batch, port.inputs.dtype.itemsize, port.stores.largest
     result.per_rank_kv_cache_bytes = [spec.total_bytes(batch, dtype_bytes)]
     result.kv_cache_bytes_per_layer = {str(k): v for k, v in spec.bytes_per_layer(batch, dtype_bytes).items()}
@@ -71,7 +70,7 @@ def _model_rank(shape: PortShape, work: _RankWork, rank: Rank) -> GenerationResu
     return _on_port(Port.for_rank(rank, shape), work, rank.rank)
 
 
-def _artifact_rank(directory: str, manifest: dict[str, Any], work: _RankWork, rank: Rank) -> GenerationResult | dict[str, Any]:
+def _artifact_rank(directory: str, manifest: Manifest, work: _RankWork, rank: Rank) -> GenerationResult | dict[str, Any]:
     return _on_port(load_rank_port(directory, manifest, rank), work, rank.rank)
 
 
@@ -80,7 +79,7 @@ def _merge(results: list[GenerationResult | dict[str, Any]]) -> GenerationResult
 
 
 def generate(
-    source: Source,
+    source: GenerationSource,
     request: GenerationRequest,
     *,
     tokenizer: Any = None,
@@ -88,7 +87,7 @@ def generate(
     setup: RankSetup | None = None,
     tp: int | None = None,
     mode: Mode = "gloo",
-    manifest: dict[str, Any] | None = None,
+    manifest: Manifest | None = None,
     backend: str = "eager",
     on_token: Callable[[TokenEvent], None] | None = None,
 ) -> GenerationResult:
@@ -124,10 +123,10 @@ def generate(
     if isinstance(source, Port):
         return _merge([_on_port(source, _RankWork(request, tokenizer, on_token=on_token))])
     manifest = manifest or verify(source)
-    if int(manifest["batch"]) != request.batch:
-        raise ArtifactError(f"field batch: the graphs were compiled for batch {manifest['batch']}, "
+    if manifest.batch != request.batch:
+        raise ArtifactError(f"field batch: the graphs were compiled for batch {manifest.batch}, "
                             f"found {request.batch} prompts")
-    select_bucket(longest, manifest["buckets"])
+    select_bucket(longest, manifest.shape.buckets)
     setup = artifact_setup(source, manifest)
     if setup.tp > 1 and mode != "gloo":
         raise ValueError(f"a tp {setup.tp} artifact's graphs all-reduce over a process group: run it with mode='gloo'")
@@ -140,7 +139,8 @@ def _on_xla(model: nn.Module, request: GenerationRequest, tokenizer: Any, setup:
             shape: PortShape, on_token: Callable[[TokenEvent], None] | None = None) -> GenerationResult:
     from neuron_port.backends.xla_port import xla_port
 
-    port, xla = xla_port(model, setup, shape, batch=request.batch, decode_rows=())  # the static loop runs every row
+    # no decode graphs for fewer rows: each would be one more XLA compile for one run
+    port, xla = xla_port(model, setup, shape, batch=request.batch, decode_rows=())
     result = _merge([_on_port(port, _RankWork(request, tokenizer, on_token=on_token))])
     result.lowering = xla.report()
     return result
@@ -155,4 +155,4 @@ def _setup_for(model: nn.Module, setup: RankSetup | None, tp: int | None) -> Ran
     return setup
 
 
-__all__ = ["Source", "generate"]
+__all__ = ["GenerationSource", "generate"]

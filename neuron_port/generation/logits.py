@@ -17,15 +17,4 @@ def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
     return torch.tanh(logits / cap) * cap
 
 
-def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """[batch, vocab] raw logits -> [batch] token ids (softcap-invariant)."""
-    return torch.argmax(logits, dim=-1)
-
-
-def top2_gap(logits: torch.Tensor) -> torch.Tensor:
-    """[batch, vocab] -> [batch] difference between the best and the second-best logit."""
-    top = torch.topk(logits.float(), 2, dim=-1).values
-    return top[:, 0] - top[:, 1]
-
-
-__all__ = ["softcap", "greedy", "top2_gap"]
+__all__ = ["softcap"]

@@ -28,7 +28,6 @@ class GenerationParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
-    on_kv_full: str = "grow"  # "grow" | "stop"
     logprobs: int | None = None  # None: none; k: the chosen token's log-probability and the k most likely
     # None: the prompt is prefilled at once; k: every prompt token after the first is scored (its
     # log-probability given the tokens before it, and the k most likely), and max_new_tokens may be 0
@@ -43,8 +42,6 @@ class GenerationParams:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be >= 0, found {value}")
-        if self.on_kv_full not in ("grow", "stop"):
-            raise ValueError(f"on_kv_full must be 'grow' or 'stop', found {self.on_kv_full!r}")
 
 
 @dataclass(frozen=True, init=False)

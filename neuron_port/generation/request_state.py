@@ -1,10 +1,10 @@
 """One request's decoding state, and one step of it: sample, release text, settle the stop.
 
-Both loops use it: the static batch of :mod:`neuron_port.generation.static_batch` and the slots of
-:mod:`neuron_port.generation.slots`. :func:`advance` takes a row's logits for one step and returns its
-new token, the text it releases (held back while it may start a stop string), the finish reason
-if the row is done, and the log-probabilities when the request asked for them (of the model's
-distribution: the softcapped logits, before penalties and temperature, as vLLM reports them).
+The slot batch (:mod:`neuron_port.generation.slots`, the one scheduler) keeps one per occupied slot.
+:func:`advance` takes a row's logits for one step and returns its new token, the text it releases
+(held back while it may start a stop string), the finish reason if the row is done, and the
+log-probabilities when the request asked for them (of the model's distribution: the softcapped
+logits, before penalties and temperature, as vLLM reports them).
 """
 
 from __future__ import annotations
@@ -118,18 +118,15 @@ class RowState:
         self.done, self.finish_reason = True, reason
 
 
-
-def finish_reason(row: RowState, token: int, hit_stop_string: bool, position: int, kv_len: int, can_grow: bool) -> str | None:
+def finish_reason(row: RowState, token: int, hit_stop_string: bool, position: int, kv_len: int) -> str | None:
     p = row.params
     if token in p.stop_token_ids or hit_stop_string:
         return "stop"
     if len(row.tokens) >= p.max_new_tokens:
         return "length"
-    if position >= kv_len and (p.on_kv_full == "stop" or not can_grow):
+    if position >= kv_len:  # the store is full: nowhere to write the next token's K/V
         return "length"
     return None
-
-
 
 
 @dataclass(frozen=True)
@@ -185,7 +182,7 @@ def prompt_scores(row: RowState, index: int) -> PromptScores:
     return PromptScores(index, tuple(lp for lp, _ in row.prompt_scores), tuple(top for _, top in row.prompt_scores), reason)
 
 
-def advance(row: RowState, logits: torch.Tensor, position: int, kv_len: int, can_grow: bool, cap: float | None) -> Step:
+def advance(row: RowState, logits: torch.Tensor, position: int, kv_len: int, cap: float | None) -> Step:
     """One step of one row from its logits [vocab]: the token, released text, finish reason, logprobs."""
     p = row.params
     recent = row.history if p.sampling.repetition_penalty != 1.0 else ()
@@ -194,7 +191,7 @@ def advance(row: RowState, logits: torch.Tensor, position: int, kv_len: int, can
     row.tokens.append(tok)
     row.history.append(tok)
     piece, hit_stop_string = row.text.push(row.tokens)
-    reason = finish_reason(row, tok, hit_stop_string, position, kv_len, can_grow)
+    reason = finish_reason(row, tok, hit_stop_string, position, kv_len)
     if reason is not None:
         piece += row.text.flush() if not hit_stop_string else ""
         row.finish(reason)

@@ -5,15 +5,18 @@ step runs the decode graph of the shortest KV length that holds every active slo
 prefix of that store (:meth:`~neuron_port.graph.kv.KVStore.prefix`), so short requests read a short
 store. Each row is a slot with its own KV rows, position, sampler and stop state. At a step boundary,
 :meth:`SlotBatch.admit` puts waiting requests into free slots: one prefill call fills a fresh
-store with the new prompts, whose rows are copied into the running store at their slots (grown to
-its KV length first when the prefill wrote a shorter one). Compiled graphs take only their own
+store with the new prompts, whose rows are copied into the running store at their slots (into its
+first slots when the prefill wrote a shorter store: every store of a port is a prefix of the largest,
+:meth:`~neuron_port.graph.kv.KVStore.prefix`). Compiled graphs take only their own
 batch, so there the prefill runs over ``slots`` rows with the new prompts in their slots' rows and
 every other row empty (it writes nothing there); eager graphs prefill just the new rows. The other
 slots only wait for that prefill; their KV rows are untouched. :meth:`SlotBatch.step` decodes
 the occupied slots once, on the fewest rows that hold them (a request takes the lowest free slot;
 compiled ports carry decode graphs for fewer rows, :func:`~neuron_port.graph.shapes.occupancy_rows`),
 so one request alone does not pay for every slot; a finished request frees its slot at once, and
-empty slots below the last occupied one decode as padding.
+empty slots below the last occupied one decode as padding. Graphs built over one store (``runners.one_store``:
+a device that keeps it aliased, xla) take that store whole, every row: the prefill writes the new prompts' rows
+into it and a short decode step attends over its prefix inside the graph, so nothing is viewed or copied.
 
 A request that scores its prompt (``GenerationParams.prompt_logprobs``) prefills its first token
 alone and is fed the rest one decode step each, every step's logits scoring the token fed next:
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -53,12 +57,27 @@ Outcome = tuple[Any, "TokenEvent | PromptScores | BaseException"]
 """(the request's owner, its next event or the error that ended it)."""
 
 
+@dataclass(frozen=True)
+class StepInfo:
+    """What the batch's last prefill or decode step ran: the KV length of its store, its rows, the seconds
+    spent in the graph and on the host before it, and (a batch keeping logits) each advanced slot's raw
+    logits [vocab]."""
+
+    kv_len: int = 0
+    rows: int = 0
+    host_s: float = 0.0
+    graph_s: float = 0.0
+    logits: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
 class SlotBatch:
     """``slots`` requests decoding together over one port (rank 0's, or a tp 1 port)."""
 
-    def __init__(self, port, slots: int, tokenizer: Any = None, pad_id: int = 0):
+    def __init__(self, port, slots: int, tokenizer: Any = None, pad_id: int = 0, keep_logits: bool = False):
         port.check_batch(slots)
         self.port, self.slots, self.tokenizer, self.pad_id = port, slots, tokenizer, pad_id
+        self.keep_logits = keep_logits  # each step's logits stay in ``last`` (an offline run's checks read them)
+        self.last = StepInfo()
         self.kv_len = port.kv_len
         self.rows: list[RowState | None] = [None] * slots
         self.owners: list[Any] = [None] * slots
@@ -105,7 +124,7 @@ class SlotBatch:
             try:
                 if self._score_prompt(slot, row, row_logits, cap, out):
                     continue
-                step = advance(row, row_logits, int(self.positions[slot]), self.kv_len, False, cap)
+                step = advance(row, row_logits, int(self.positions[slot]), self.kv_len, cap)
             except Exception as exc:  # noqa: BLE001 - this request's own failure: it alone ends
                 self.release(slot)
                 out.append((owner, exc))
@@ -139,11 +158,13 @@ class SlotBatch:
         with self.mode():
             t0 = time.perf_counter()
             slots = self.free[: len(entries)]
-            # compiled graphs: every slot's row, the new prompts at their slots; eager: the new rows only
-            rows = slots if self.port.batch is not None else list(range(len(entries)))
+            one = self.port.runners.one_store
+            # compiled graphs or one store: every slot's row, the new prompts at their slots; eager: the new rows only
+            every_row = self.port.batch is not None or one
+            rows = slots if every_row else list(range(len(entries)))
             states = [new_row(prompt, params, self.tokenizer) for prompt, params, _ in entries]
             bucket = select_bucket(max(prefill_length(state) for state in states), self.port.buckets)
-            ids = torch.full((self.port.batch or len(entries), bucket), self.pad_id, dtype=torch.long)
+            ids = torch.full((self.slots if every_row else len(entries), bucket), self.pad_id, dtype=torch.long)
             lengths = torch.zeros(ids.shape[0], dtype=torch.long)
             for slot, row, state, (prompt, _, owner) in zip(slots, rows, states, entries, strict=True):
                 length = prefill_length(state)
@@ -157,27 +178,45 @@ class SlotBatch:
                 if self.store is None:
                     self.store = self.port.inputs.new_store(self.slots, self.kv_len)
                 fresh = self.store.prefix(first)
+            elif one:  # the prefill writes the new rows into the running store itself (it leaves empty rows alone)
+                if self.store is None:
+                    self.store = self.port.inputs.new_store(self.slots, self.kv_len)
+                fresh = self.store
             else:
                 fresh = self.port.inputs.new_store(ids.shape[0], first.kv_len)
             host = time.perf_counter() - t0
             g0 = time.perf_counter()
             logits, fresh = run_step(self.port.runners.prefill[bucket], inputs, fresh)
             graph = time.perf_counter() - g0
-            self._merge(fresh, rows, slots, lengths)
+            if one:
+                self.store = fresh
+            else:
+                self._merge(fresh, rows, slots)
+            self._note(first.kv_len, ids.shape[0], host, graph, slots, [logits[r] for r in rows])
             return self._advance(slots, [logits[r] for r in rows], 1e3 * host, 1e3 * graph)
 
-    def _merge(self, fresh: KVStore, rows: list[int], slots: list[int], lengths: torch.Tensor) -> None:
-        """Copy the prefilled ``rows`` of ``fresh`` into the running store at ``slots`` (nothing to copy where
-        the store lives on the device: the prefill wrote its rows there)."""
+    def _note(self, kv_len: int, rows: int, host: float, graph: float, slots: Sequence[int],
+              logits: Sequence[torch.Tensor]) -> None:
+        kept = {slot: row.clone() for slot, row in zip(slots, logits, strict=True)} if self.keep_logits else {}
+        self.last = StepInfo(kv_len, rows, host, graph, kept)
+
+    def _merge(self, fresh: KVStore, rows: list[int], slots: list[int]) -> None:
+        """Copy the prefilled ``rows`` of ``fresh`` into the running store at ``slots``, into the first slots
+        of each buffer when the prefill wrote a shorter store (its prefix view; what lies past it in those
+        rows is a former request's, which no mask of the new one reaches). Nothing to copy where the store
+        lives on the device (the prefill wrote its rows there), nor where the first prefill filled every slot at
+        the store's full length (its store becomes the running one)."""
         if self.port.runners.resident_kv:
             return
-        spec = self.port.stores.specs[self.kv_len]
-        if fresh.spec.kv_len != self.kv_len:
-            fresh = fresh.grow(spec, lengths - 1)
-        if self.store is None:
-            self.store = self.port.inputs.new_store(self.slots, self.kv_len)
+        whole = fresh.spec.kv_len == self.kv_len and rows == slots == list(range(self.slots))
+        if self.store is None and whole:  # every slot filled at the full length: the prefill's store is the store
+            self.store = fresh
+            return
+        if self.store is None:  # on the device the prefill ran on (an XLA store stays there)
+            self.store = self.port.inputs.new_store(self.slots, self.kv_len).to(fresh.tensors()[0].device)
+        target = self.store if fresh.spec.kv_len == self.kv_len else self.store.prefix(fresh.spec)
         src_index, dst_index = torch.tensor(rows, dtype=torch.long), torch.tensor(slots, dtype=torch.long)
-        for dst, src in zip(self.store.tensors(), fresh.tensors(), strict=True):
+        for dst, src in zip(target.tensors(), fresh.tensors(), strict=True):
             dst.index_copy_(0, dst_index.to(dst.device), src.index_select(0, src_index.to(src.device)).to(dst.device))
 
     def decode_length(self, active: Sequence[int]) -> int:
@@ -195,10 +234,14 @@ class SlotBatch:
         with self.mode():
             t0 = time.perf_counter()
             kv = self.decode_length(active)
-            rows, runner = self.port.runners.decode_step(max(active) + 1, kv)
+            one = self.port.runners.one_store
+            if one and self.port.batch is None:  # eager graphs over one store take all of its rows
+                rows, runner = self.slots, self.port.runners.decode[kv]
+            else:
+                rows, runner = self.port.runners.decode_step(max(active) + 1, kv)
             steps = torch.clamp(self.positions[:rows], max=kv - 1)  # a waiting slot's stale position stays in range
-            inputs = self.port.inputs.decode(self.tokens[:rows], steps, kv)
-            whole = kv == self.kv_len and rows == self.slots
+            inputs = self.port.inputs.decode(self.tokens[:rows], steps)
+            whole = one or (kv == self.kv_len and rows == self.slots)
             store = self.store if whole else self.store.prefix(self.port.stores.specs[kv], rows)
             host = time.perf_counter() - t0
             g0 = time.perf_counter()
@@ -209,7 +252,8 @@ class SlotBatch:
                 self.store.write_prefix(answer)
             graph = time.perf_counter() - g0
             self.positions[active] += 1
+            self._note(kv, rows, host, graph, active, [logits[s] for s in active])
             return self._advance(active, [logits[s] for s in active], 1e3 * host, 1e3 * graph)
 
 
-__all__ = ["SlotBatch", "Outcome"]
+__all__ = ["SlotBatch", "StepInfo", "Outcome"]

@@ -33,7 +33,7 @@ from torch import nn
 
 from neuron_port.families import family_of
 from neuron_port.graph import attention, masks
-from neuron_port.graph.kv import KVStoreSpec, onehot_write, prefill_write, prefix_slots, row_write, scatter_write_
+from neuron_port.graph.kv import KVStoreSpec, KVWrite, prefill_write, prefix_slots
 from neuron_port.graph.shapes import StoreShapes
 from neuron_port.graph.step import kv_aliases
 from neuron_port.model.quant import Int8Linear
@@ -53,7 +53,7 @@ class OneHotCache:
     """
 
     def __init__(self, spec: KVStoreSpec, kv: tuple[torch.Tensor, ...], writes: dict[str, torch.Tensor] | None,
-                 prefill: bool, inplace: bool = False, rows: bool = False, positions: torch.Tensor | None = None,
+                 prefill: bool, kv_write: KVWrite = KVWrite.BLEND, positions: torch.Tensor | None = None,
                  lengths: torch.Tensor | None = None, read_slots: list[int] | None = None,
                  leading_update: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                  read_rows: int | None = None):
@@ -74,8 +74,7 @@ class OneHotCache:
             raise ValueError("a prefill cache writes its rows by position: pass the position ids and each row's length")
         self.positions = positions
         self.lengths = lengths
-        self.inplace = inplace  # decode's write (a prefill writes by position whatever the backend asks)
-        self.rows = rows
+        self.kv_write = kv_write  # decode's write (a prefill writes by position whatever the backend asks)
         self.is_compileable = False
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
@@ -87,7 +86,7 @@ class OneHotCache:
                                            self.leading_update)
             return key_states, value_states
         write = self.writes[self.kinds[layer_idx]]
-        store = scatter_write_ if self.inplace else row_write if self.rows else onehot_write
+        store = self.kv_write.write
         keys, values = self.keys[j], self.values[j]
         if self.read_rows is None:
             keys, values = store(keys, key_states, write), store(values, value_states, write)
@@ -152,14 +151,12 @@ class StaticLMGraph(nn.Module):
         self.prefill = prefill
         self.seq = seq
         self.has_ple = self.family.per_layer_input_size(self.family.text_config_of(model)) > 0
-        # Decode KV writes in place (scatter) instead of one-hot blends: set by backends that
-        # allow it (CPU), never for Neuron graphs.
-        self.inplace_kv_writes = False
-        # Decode KV writes of the new rows only (a scatter returning the store): set by backends
-        # that keep the store aliased on the device, so the rows are updated where they lie.
-        self.row_kv_writes = False
+        # How decode writes its new K/V rows: the backend's kind, set when it compiles the graph
+        # (a prefill writes by position whatever the backend asks).
+        self.kv_write = KVWrite.BLEND
         layers = self.family.decoder_layers(model)
         self._expanded: list[tuple[nn.Module, str]] = []
+        self._kv_expand = dict(kv_expand or {})  # what a sibling over other rows is built with
         for index, matrix in sorted((kv_expand or {}).items()):
             name = f"kv_expand_{index}"
             self.register_buffer(name, matrix.detach().clone(), persistent=False)
@@ -186,15 +183,16 @@ class StaticLMGraph(nn.Module):
     ) -> tuple[torch.Tensor, ...]:
         spec = self.spec
         slot_ids, kv = (kv[0], kv[1:]) if self.slot_input else (None, kv)
-        if self.read_slots is not None and not self.row_kv_writes:
-            raise ValueError("decode on a prefix of a larger store writes its new rows by scatter: set row_kv_writes")
+        if self.read_slots is not None and self.kv_write is not KVWrite.ROWS:
+            raise ValueError(f"decode on a prefix of a larger store writes its new rows by scatter: expected kv_write "
+                             f"{KVWrite.ROWS.value!r}, found {self.kv_write.value!r}")
         maps = masks.step_maps(position_ids, lengths, self.prefill, spec.kv_len, spec.window, spec.ring, inputs_embeds.dtype,
                                slot_ids)
         writes = None if self.prefill else {"full": maps.write_full, "sliding": maps.write_sliding}
         if self.rows is not None and inputs_embeds.shape[0] != self.rows:
             raise ValueError(f"a decode graph over {self.rows} rows of its store, found {inputs_embeds.shape[0]} rows")
-        cache = OneHotCache(self.store, kv, writes, self.prefill, self.inplace_kv_writes, self.row_kv_writes,
-                            position_ids, lengths, self.read_slots, self.leading_update, self.rows)
+        cache = OneHotCache(self.store, kv, writes, self.prefill, self.kv_write, position_ids, lengths, self.read_slots,
+                            self.leading_update, self.rows)
         extra = self.family.text_model_extra_inputs(per_layer) if self.has_ple else {}
         out = self.family.text_model(self.model)(
             inputs_embeds=inputs_embeds,
@@ -232,7 +230,7 @@ class DecodeGraph(StaticLMGraph):
 
     ``store``: a larger store the graph is handed instead of ``spec``'s own (one device-resident store
     shared by decode graphs of several KV lengths): it writes each new row into the whole buffer (by
-    scatter: set ``row_kv_writes``) and attends over the first ``spec`` slots of each owner
+    scatter: ``kv_write`` is ``KVWrite.ROWS``) and attends over the first ``spec`` slots of each owner
     (:func:`~neuron_port.graph.kv.prefix_slots`), so a short context reads a short store. ``rows``: the
     step's rows are the first ``rows`` of that store's (decode by occupancy on a resident store)."""
 
@@ -240,21 +238,43 @@ class DecodeGraph(StaticLMGraph):
                  store: KVStoreSpec | None = None, rows: int | None = None):
         super().__init__(model, spec, prefill=False, seq=1, kv_expand=kv_expand, store=store, rows=rows)
 
+    def over_rows(self, rows: int) -> DecodeGraph:
+        """The same step over the first ``rows`` rows of this graph's store (decode by occupancy on one store):
+        same model, KV length, store, KV write and inputs."""
+        graph = DecodeGraph(self.model, self.spec, self._kv_expand, store=self.store, rows=rows)
+        graph.kv_write, graph.slot_input = self.kv_write, self.slot_input
+        return graph
+
 
 @dataclass
 class GraphSet:
-    """One rank's graphs: a prefill graph per prompt bucket, a decode graph per KV length."""
+    """One rank's graphs: a prefill graph per prompt bucket, a decode graph per KV length. ``one_store``:
+    every graph takes and returns the one store at the largest KV length (see :func:`build_graphs`)."""
 
     prefill: dict[int, PrefillGraph]
     decode: dict[int, DecodeGraph]
+    one_store: bool = False
 
 
-def build_graphs(model: nn.Module, stores: StoreShapes, kv_expand: Mapping[int, torch.Tensor] | None = None) -> GraphSet:
+def build_graphs(model: nn.Module, stores: StoreShapes, kv_expand: Mapping[int, torch.Tensor] | None = None,
+                 one_store: bool = False) -> GraphSet:
     """The graphs over ``model`` (one rank's shard, or the whole model at tp 1) for ``stores``.
+
+    Each graph takes the store of its own KV length, or, with ``one_store``, every graph takes the store at the
+    largest length: a prefill writes its prompt rows into it, a decode graph of a shorter length attends over
+    its prefix (:func:`~neuron_port.graph.kv.prefix_slots`) and writes its new rows into the whole buffer (its
+    backend's KV write must be ``KVWrite.ROWS``). That is the shape of a device that keeps the store aliased
+    between steps (xla): no store is copied between lengths.
 
     The graphs share ``model``, which is switched to the library's attention function: pass a
     copy where the original must stay Hugging Face's reference.
     """
+    if one_store:
+        prefill = {b: PrefillGraph(model, stores.largest, b, kv_expand) for b in stores.buckets}
+        decode = {kv: DecodeGraph(model, stores.specs[kv], kv_expand, store=stores.largest) for kv in stores.kv_lens}
+        for graph in decode.values():
+            graph.kv_write = KVWrite.ROWS  # the one write into a store larger than the step reads
+        return GraphSet(prefill, decode, one_store=True)
     prefill = {b: PrefillGraph(model, stores.specs[stores.prefill_kv[b]], b, kv_expand) for b in stores.buckets}
     decode = {kv: DecodeGraph(model, stores.specs[kv], kv_expand) for kv in stores.kv_lens}
     return GraphSet(prefill, decode)

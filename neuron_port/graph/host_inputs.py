@@ -43,16 +43,16 @@ class HostInputs:
         positions = self._positions[:bucket].expand(ids.shape[0], bucket).contiguous()
         return StepInputs(embeds, per_layer, positions, lengths.to(torch.long))
 
-    def decode_fresh(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int) -> StepInputs:
-        """tokens [batch], positions [batch] -> the decode step's inputs at ``kv_len`` (new tensors)."""
+    def decode_fresh(self, tokens: torch.Tensor, positions: torch.Tensor) -> StepInputs:
+        """tokens [batch], positions [batch] -> the decode step's inputs (new tensors; the same at every KV
+        length: the graph builds its masks and one-hot writes from the positions)."""
         embeds, per_layer = self.embeddings.embed(tokens[:, None])
         positions = positions.to(torch.long)
         return StepInputs(embeds, per_layer, positions[:, None], positions + 1)
 
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int) -> StepInputs:
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> StepInputs:
         """The same values as :meth:`decode_fresh`, written into tensors reused every step (one set per
-        batch size: the inputs do not depend on ``kv_len``, the graph builds its maps from them):
-        consume them before the next call."""
+        batch size): consume them before the next call."""
         batch = int(tokens.shape[0])
         if batch not in self._scratch:
             self._scratch[batch] = DecodeScratch(batch, self.embeddings)
@@ -70,7 +70,7 @@ class HostInputs:
 
     def example_decode(self, kv_len: int, batch: int = 1) -> tuple[StepInputs, KVStore]:
         """Inputs of the right shapes for tracing a decode graph."""
-        inputs = self.decode_fresh(torch.full((batch,), 3), torch.full((batch,), kv_len - 1), kv_len)
+        inputs = self.decode_fresh(torch.full((batch,), 3), torch.full((batch,), kv_len - 1))
         return inputs, self.new_store(batch, kv_len)
 
 

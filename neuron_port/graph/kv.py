@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 
@@ -124,10 +125,6 @@ class KVStore:
         """Iterates the flat form (so ``graph(*inputs, *store)`` reads as the call it is)."""
         return iter(self.tensors())
 
-    def grow(self, new: KVStoreSpec, last_position: torch.Tensor) -> KVStore:
-        """This store copied into the larger ``new`` spec (see :func:`grow`)."""
-        return KVStore.from_tensors(new, grow(self.tensors(), self.spec, new, last_position))
-
     def prefix(self, spec: KVStoreSpec, rows: int | None = None) -> KVStore:
         """This store seen at a shorter KV length: views of each buffer's first ``spec`` slots, no copy
         (and of its first ``rows`` rows only, when given: a decode step over the occupied rows).
@@ -225,8 +222,6 @@ def onehot_write(buf: torch.Tensor, new: torch.Tensor, onehot: torch.Tensor) -> 
     return buf * (1 - hit) + written
 
 
-
-
 def prefill_write(buf: torch.Tensor, new: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor,
                   ring: int | None, leading_update: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
                   ) -> torch.Tensor:
@@ -298,35 +293,26 @@ def scatter_write_(buf: torch.Tensor, new: torch.Tensor, onehot: torch.Tensor) -
     return buf.scatter_(2, slot.view(b, 1, 1, 1).expand(b, h, 1, d), new.to(buf.dtype))
 
 
-def grow(
-    store: list[torch.Tensor], old: KVStoreSpec, new: KVStoreSpec, last_position: torch.Tensor
-) -> list[torch.Tensor]:
-    """Copy a store into a larger KV length (host side, between graph steps).
+class KVWrite(str, Enum):
+    """How a backend's decode graphs write each step's new K/V row into the store: one value, declared
+    by the backend (``backend.kv_write``) and recorded in an artifact's manifest.
 
-    Full buffers keep their positions (zero-padded); rings stay rings; a full-length sliding
-    buffer that becomes a ring keeps the last ``window`` positions, each in slot ``p % window``.
-    ``last_position``: [batch] last position written per row (host). Returns buffers in graph
-    order, on the device the store is on (the copy runs there: an XLA store never visits the host).
-    """
-    from neuron_port.graph.masks import ring_positions
+    ``BLEND``: a one-hot select over every buffer, returned (:func:`onehot_write`; eager graphs, the
+    reference). ``IN_PLACE``: a scatter into the buffers the graph is handed (:func:`scatter_write_`;
+    CPU TorchScript, which allows data-dependent in-place writes). ``ROWS``: a scatter of the new rows,
+    returned (:func:`row_write`): a device that aliases the store updates those rows where they lie
+    (xla, nxd, neuron); the one kind that can write into a store larger than the step reads."""
 
-    if old.owners != new.owners:
-        raise ValueError(f"stores of different owners cannot be copied: {old.owners} vs {new.owners}")
-    n = len(old.slots)
-    out = []
-    for j, buf in enumerate(store):
-        a, b = old.slots[j % n], new.slots[j % n]
-        if a.slots == b.slots:
-            out.append(buf.clone())
-        elif not b.ring:
-            pad = torch.zeros((*buf.shape[:2], b.slots - a.slots, buf.shape[3]), dtype=buf.dtype, device=buf.device)
-            out.append(torch.cat([buf, pad], dim=2))
-        else:
-            held = ring_positions(last_position.cpu(), b.slots)  # [batch, window]
-            pick = (held[:, :, None] == torch.arange(a.slots)[None, None, :]).to(buf.dtype)
-            out.append(torch.einsum("bws,bhsd->bhwd", pick.to(buf.device), buf))
-    return out
+    BLEND = "blend"
+    IN_PLACE = "in_place"
+    ROWS = "rows"
+
+    @property
+    def write(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+        """``(buf [batch, heads, slots, head_dim], new [batch, heads, 1, head_dim], onehot [batch, 1, slots])
+        -> buf with the new rows``."""
+        return {KVWrite.BLEND: onehot_write, KVWrite.IN_PLACE: scatter_write_, KVWrite.ROWS: row_write}[self]
 
 
-__all__ = ["KVSlotSpec", "KVStoreSpec", "KVStore", "prefix_slots", "kv_store_spec", "naive_kv_bytes", "onehot_write",
-           "prefill_write", "row_write", "scatter_write_", "grow"]
+__all__ = ["KVSlotSpec", "KVStoreSpec", "KVStore", "KVWrite", "prefix_slots", "kv_store_spec", "naive_kv_bytes",
+           "onehot_write", "prefill_write", "row_write", "scatter_write_"]

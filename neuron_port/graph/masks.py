@@ -31,11 +31,6 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(allowed, zero, torch.full((), torch.finfo(dtype).min, dtype=dtype, device=allowed.device))
 
 
-def ring_slot(position: int | torch.Tensor, window: int) -> int | torch.Tensor:
-    """The ring slot of an absolute position."""
-    return position % window
-
-
 def ring_positions(last: torch.Tensor, window: int) -> torch.Tensor:
     """Absolute position held by each ring slot once positions ``0..last`` are written.
 
@@ -167,7 +162,6 @@ def step_maps(
 
 
 __all__ = [
-    "ring_slot",
     "ring_positions",
     "prefill_masks",
     "prefill_writes",

@@ -5,7 +5,7 @@
 :class:`~neuron_port.graph.runners.Runners` (the graphs, eager or compiled) and its
 :class:`~neuron_port.graph.graphs.GraphSet` (None once compiled runners replace them, or for a
 port loaded from an artifact). The generation loop over it lives in
-:mod:`neuron_port.generation.static_batch`.
+:mod:`neuron_port.generation.slots` (the one scheduler).
 
 One constructor per source:
 
@@ -27,12 +27,13 @@ import torch
 from torch import nn
 
 from neuron_port.errors import BucketError
+from neuron_port.graph.contracts import GraphCompiler
 from neuron_port.graph.embedding import HostEmbeddings
 from neuron_port.graph.graphs import GraphSet, build_graphs
 from neuron_port.graph.host_inputs import HostInputs
 from neuron_port.graph.kv import KVStore
 from neuron_port.graph.runners import Runners, compile_graphs, eager_runners
-from neuron_port.graph.shapes import PortShape, StoreShapes, occupancy_rows
+from neuron_port.graph.shapes import PortShape, StoreShapes, decode_rows_for
 from neuron_port.graph.step import StepInputs
 from neuron_port.model.layout import Layout, describe
 
@@ -50,28 +51,29 @@ class Port:
 
     @classmethod
     def _build(cls, model: nn.Module, layout: Layout, shape: PortShape, kv_heads: dict[int, int] | None,
-               kv_expand: Mapping[int, torch.Tensor] | None) -> Port:
+               kv_expand: Mapping[int, torch.Tensor] | None, one_store: bool) -> Port:
         """Eager graphs over ``model`` itself (which they change: callers pass a model of the port's own)."""
         stores = shape.stores(layout, kv_heads)
-        graphs = build_graphs(model, stores, kv_expand)
+        graphs = build_graphs(model, stores, kv_expand, one_store)
         return cls(HostInputs(layout, stores, HostEmbeddings.from_model(model)), eager_runners(graphs), graphs)
 
     @classmethod
     def over_model(cls, model: nn.Module, shape: PortShape, layout: Layout | None = None,
-                   kv_heads: dict[int, int] | None = None, *, owned: bool = False) -> Port:
+                   kv_heads: dict[int, int] | None = None, *, owned: bool = False, one_store: bool = False) -> Port:
         """Graphs over a copy of ``model`` (``layout``: default ``describe(model)``; ``kv_heads``: a
         spread model's local KV-head count per layer). ``owned``: the caller hands over a model made
-        for this port alone, and it is used without a copy."""
+        for this port alone, and it is used without a copy. ``one_store``: every graph takes the store at the
+        largest KV length (:func:`~neuron_port.graph.graphs.build_graphs`)."""
         model = model if owned else copy.deepcopy(model)
-        return cls._build(model, layout or describe(model), shape, kv_heads, None)
+        return cls._build(model, layout or describe(model), shape, kv_heads, None, one_store)
 
     @classmethod
-    def for_rank(cls, rank: Rank, shape: PortShape) -> Port:
+    def for_rank(cls, rank: Rank, shape: PortShape, one_store: bool = False) -> Port:
         """Graphs over a rank's shard, with its local KV-head counts and KV-head gathers (the rank's
-        model is its own: it is used as it is)."""
+        model is its own: it is used as it is); ``one_store``: see :meth:`over_model`."""
         if rank.model is None:
             raise ValueError(f"rank {rank.rank} has no model to build graphs over (an artifact rank: use from_runners)")
-        return cls._build(rank.model, rank.layout, shape, rank.local_kv_heads, rank.kv_expand)
+        return cls._build(rank.model, rank.layout, shape, rank.local_kv_heads, rank.kv_expand, one_store)
 
     @classmethod
     def from_runners(cls, layout: Layout, stores: StoreShapes, embeddings: HostEmbeddings, runners: Runners) -> Port:
@@ -79,7 +81,8 @@ class Port:
         return cls(HostInputs(layout, stores, embeddings), runners)
 
     # ---- compiling ---------------------------------------------------------------------------
-    def compile(self, backend, batch: int = 1, desc: str = "compiling", decode_rows: Sequence[int] | None = None) -> None:
+    def compile(self, backend: GraphCompiler, batch: int = 1, desc: str = "compiling",
+                decode_rows: Sequence[int] | None = None) -> None:
         """Replace every runner with the backend's compiled graph (:func:`runners.compile_graphs`).
 
         Graphs compiled by a static-shape backend take exactly ``batch`` rows from then on, and decode
@@ -87,7 +90,7 @@ class Port:
         :func:`~neuron_port.graph.shapes.occupancy_rows`; ``()`` for none), for steps with fewer rows occupied."""
         if self.graphs is None:
             raise ValueError("this port was loaded from compiled runners; there are no graphs left to compile")
-        rows = occupancy_rows(batch) if decode_rows is None else tuple(decode_rows)
+        rows = decode_rows_for(batch, decode_rows)
         self.runners = compile_graphs(self.graphs, backend, self.example_inputs, batch, desc, rows)
 
     def release_graphs(self) -> None:
@@ -98,10 +101,12 @@ class Port:
         self.graphs = None
 
     def example_inputs(self, kind: str, size: int, batch: int = 1) -> tuple[StepInputs, KVStore]:
-        """Inputs and a store of the right shapes for tracing the ``kind`` graph of ``size``."""
-        if kind == "prefill":
-            return self.inputs.example_prefill(size, batch)
-        return self.inputs.example_decode(size, batch)
+        """Inputs and a store of the right shapes for tracing the ``kind`` graph of ``size`` (the store at the
+        largest KV length for graphs over one store)."""
+        inputs, store = self.inputs.example_prefill(size, batch) if kind == "prefill" else self.inputs.example_decode(size, batch)
+        if self.graphs is not None and self.graphs.one_store:
+            store = self.inputs.new_store(batch, self.stores.kv_len)
+        return inputs, store
 
     def check_batch(self, rows: int) -> None:
         """Raise :class:`BucketError` when compiled runners cannot take ``rows`` rows."""

@@ -48,6 +48,14 @@ def occupancy_rows(batch: int) -> tuple[int, ...]:
     return tuple(1 << i for i in range(batch.bit_length()) if 1 << i < batch)
 
 
+def decode_rows_for(batch: int, asked: Sequence[int] | None = None) -> tuple[int, ...]:
+    """The row counts below ``batch`` a compiled port gets decode graphs for, ascending: ``asked`` kept where
+    it lies in ``1..batch - 1``, or :func:`occupancy_rows` when nothing is asked (``()`` asks for none)."""
+    if asked is None:
+        return occupancy_rows(batch)
+    return tuple(sorted({int(r) for r in asked if 0 < int(r) < batch}))
+
+
 def rows_for(needed: int, batch: int | None, rows: Sequence[int]) -> int:
     """The fewest rows a decode step can run on when its occupied rows are the first ``needed``: any
     count for eager graphs (``batch`` None), else the smallest of ``rows`` (smaller graphs) that holds
@@ -140,9 +148,5 @@ class StoreShapes:
             for kv, spec in self.specs.items()
         }
 
-    def next_kv(self, kv: int) -> int | None:
-        """The next larger KV length, or None at the largest."""
-        return next((k for k in self.shape.kv_lens if k > kv), None)
 
-
-__all__ = ["select_bucket", "occupancy_rows", "rows_for", "PortShape", "StoreShapes"]
+__all__ = ["select_bucket", "occupancy_rows", "decode_rows_for", "rows_for", "PortShape", "StoreShapes"]

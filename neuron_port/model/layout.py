@@ -110,7 +110,6 @@ class Layout:
         return readers
 
 
-
 def count_params(config: Any, family: DecoderFamily | None = None) -> ParamAccount:
     """Parameter account of a text config, built on the meta device (nothing allocated)."""
     family = family or family_for(config.model_type)

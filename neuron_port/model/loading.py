@@ -22,6 +22,7 @@ from neuron_port.errors import ConfigError
 from neuron_port.families import family_for, family_of
 from neuron_port.model.configs import config_to_dict, load_config
 from neuron_port.model.quant import FP32_BUFFERS, Int8Linear, apply_quant, check_scheme, fp32_keys, quant_of
+from neuron_port.model.source import Source
 from neuron_port.progress import progress
 
 QUANT_KEY = "neuron_port_quant"
@@ -132,18 +133,14 @@ def model_from_name(name: str, tiny: bool = False, seed: int = 0, dtype: torch.d
 
 
 def load_source(name: str, tiny: bool = False, seed: int = 0, dtype: torch.dtype = torch.float32,
-                quant: str = "none") -> tuple[nn.Module, dict[str, Any]]:
-    """The model for ``name`` and the record of where its weights came from.
-
-    The record (``{"kind": "dir", "path"}`` or ``{"kind": "shipped", "name", "tiny", "seed"}``, plus
-    ``quant``) goes into an artifact's manifest, so a later check can rebuild the same CPU reference.
-    """
+                quant: str = "none") -> tuple[nn.Module, Source]:
+    """The model for ``name`` and the record of where its weights came from
+    (:class:`~neuron_port.model.source.Source`: it goes into an artifact's manifest, so a later check can
+    rebuild the same CPU reference)."""
     path = Path(name)
     if path.is_dir():
-        return model_from_name(name, dtype=dtype, quant=quant), {"kind": "dir", "path": str(path.resolve()),
-                                                                  "quant": quant}
-    return (model_from_name(name, tiny=tiny, seed=seed, dtype=dtype, quant=quant),
-            {"kind": "shipped", "name": name, "tiny": tiny, "seed": seed, "quant": quant})
+        return model_from_name(name, dtype=dtype, quant=quant), Source.directory(str(path.resolve()), quant)
+    return model_from_name(name, tiny=tiny, seed=seed, dtype=dtype, quant=quant), Source.shipped(name, tiny, seed, quant)
 
 
 def read_checkpoint(model_dir: str | Path, family=None) -> dict[str, torch.Tensor]:

@@ -46,19 +46,19 @@ class Served:
 
 def _artifact_port(path: Path) -> tuple[Port, Any, int, Any]:
     """Rank 0's port of an artifact, its config, its batch, and the follower ranks of a tp > 1 one."""
-    from neuron_port.artifacts.manifest import host_ranks, verify
+    from neuron_port.artifacts.manifest import verify
     from neuron_port.artifacts.reader import artifact_setup, load_rank_port
     from neuron_port.model.configs import load_config
 
     manifest = verify(path)
     config = load_config(path / "config.json")
-    if host_ranks(manifest) == 1:
-        return load_rank_port(path, manifest, 0), config, int(manifest["batch"]), None
+    if manifest.host_ranks == 1:
+        return load_rank_port(path, manifest, 0), config, manifest.batch, None
     from neuron_port.serve.lockstep import Lockstep
 
     family = artifact_setup(path, manifest).layout.family
-    lockstep = Lockstep(path, manifest, int(manifest["batch"]), family.special_ids(config).pad or 0)
-    return lockstep.port, config, int(manifest["batch"]), lockstep
+    lockstep = Lockstep(path, manifest, manifest.batch, family.special_ids(config).pad or 0)
+    return lockstep.port, config, manifest.batch, lockstep
 
 
 def _model_port(target: str, tiny: bool, seed: int, shape: PortShape, slim: bool, max_batch: int,

@@ -26,24 +26,21 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from neuron_port.artifacts.manifest import host_ranks
+from neuron_port.artifacts.record import Manifest
 from neuron_port.parallel.launch import CHILD_ENV, free_port, join_process_group
-
-Round = tuple[list[int], list[tuple[list[int], Any]]]
-"""(slots released before the round, (prompt, params) of each request admitted in it)."""
 
 ROUND_TIMEOUT = datetime.timedelta(days=30)  # an idle server waits for its next round this long
 STEP_TIMEOUT = datetime.timedelta(minutes=10)  # a collective inside a step (or loading) waits at most this long
 
 
-def _rank_port(directory: str, manifest: dict, rank: int):
+def _rank_port(directory: str, manifest: Manifest, rank: int):
     from neuron_port.artifacts.reader import load_rank_port
     from neuron_port.parallel.collectives import process_group_reduce
 
     return load_rank_port(directory, manifest, rank, process_group_reduce)
 
 
-def _follow(rank: int, tp: int, init: str, directory: str, manifest: dict, slots: int, pad_id: int) -> None:
+def _follow(rank: int, tp: int, init: str, directory: str, manifest: Manifest, slots: int, pad_id: int) -> None:
     """A follower rank: load its graphs, then apply every round rank 0 broadcasts until it sends None."""
     from neuron_port.generation.slots import SlotBatch
     from neuron_port.model.tokenizer import load_tokenizer
@@ -70,8 +67,8 @@ def _follow(rank: int, tp: int, init: str, directory: str, manifest: dict, slots
 class Lockstep:
     """Rank 0's side: the follower processes and the broadcast of each round."""
 
-    def __init__(self, directory: str | Path, manifest: dict, slots: int, pad_id: int):
-        self.tp = host_ranks(manifest)
+    def __init__(self, directory: str | Path, manifest: Manifest, slots: int, pad_id: int):
+        self.tp = manifest.host_ranks
         init = f"tcp://127.0.0.1:{free_port()}"
         ctx = mp.get_context("spawn")
         self.followers = [ctx.Process(target=_follow, args=(r, self.tp, init, str(directory), manifest, slots, pad_id),
@@ -98,4 +95,4 @@ class Lockstep:
             dist.destroy_process_group()
 
 
-__all__ = ["Round", "Lockstep"]
+__all__ = ["Lockstep"]

@@ -9,6 +9,7 @@ import torch
 from neuron_port import load_config
 from neuron_port.artifacts import manifest as artifact
 from neuron_port.model.loading import build_model
+from neuron_port.model.source import Source
 from tests.helpers import copy_tree, run_cli, write_tiny_artifact
 
 
@@ -80,7 +81,7 @@ def test_interrupted_compile_leaves_nothing_generate_accepts(tmp_path, monkeypat
     monkeypatch.setattr(writer, "compile_rank", boom)  # the host files are written, no rank finishes
     out = tmp_path / "half"
     with pytest.raises(KeyboardInterrupt):
-        write_tiny_artifact(build_model(load_config("gemma-4-e2b", tiny=True)), out, {"kind": "shipped"})
+        write_tiny_artifact(build_model(load_config("gemma-4-e2b", tiny=True)), out, Source.shipped("gemma-4-e2b", tiny=True))
     assert not out.exists() and list(tmp_path.iterdir()) == []
     res = run_cli("generate", str(out))
     assert res.returncode != 0 and "not an artifact directory" in res.stderr
@@ -93,7 +94,7 @@ def test_version_mismatch_is_refused_unless_overridden(tmp_path, monkeypatch):
     write_tiny_artifact(
         build_model(load_config("gemma-4-e2b", tiny=True)),
         out,
-        {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0},
+        Source.shipped("gemma-4-e2b", tiny=True),
     )
     res = run_cli("generate", str(out), "--max-new-tokens", "2")
     assert res.returncode != 0 and "versions.torch" in res.stderr and "1.0.0" in res.stderr
@@ -105,7 +106,7 @@ def test_check_refuses_a_reference_with_other_weights(tmp_path):
     write_tiny_artifact(
         build_model(load_config("gemma-4-e2b", tiny=True), seed=1),
         out,
-        {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0},
+        Source.shipped("gemma-4-e2b", tiny=True),
     )
     res = run_cli("generate", str(out), "--max-new-tokens", "4", "--check", "--json")
     assert res.returncode != 0 and "not the artifact's checkpoint" in res.stderr

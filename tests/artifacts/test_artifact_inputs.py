@@ -19,13 +19,12 @@ from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape
 from neuron_port.graph.step import INPUT_NAMES, run_step
 from neuron_port.model.loading import save_model_dir
+from neuron_port.model.source import Source
 from neuron_port.parallel.launch import identity_reduce
 from neuron_port.parallel.ranks import Rank, RankSetup
 from tests.helpers import straddling_model
 
 PROMPT = [2, 17, 33, 5, 92, 41, 7, 300, 12, 58, 9, 77, 140, 3, 64, 211, 18, 25]
-
-
 
 
 # ---- one compile loop: port and artifact cannot drift ----------------------------------------
@@ -36,15 +35,15 @@ def test_a_compiled_artifact_and_a_compiled_port_take_the_same_decode_inputs_and
     manifest = write_artifact(
         tmp_path / "art",
         tiny_e2b,
-        {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0},
+        Source.shipped("gemma-4-e2b", tiny=True),
         RankSetup.for_layout(describe(tiny_e2b), 1),
         shape,
     )
     loaded = load_rank_port(tmp_path / "art", manifest, Rank(0, artifact_setup(tmp_path / "art", manifest), identity_reduce))
-    assert port.runners.facts() == loaded.runners.facts() == manifest["runners"] == {"inplace_kv_writes": True, "decode_rows": []}
-    assert port.batch == loaded.batch == manifest["batch"] == 1
+    assert port.runners.facts() == loaded.runners.facts() == manifest.runners == {"kv_write": "in_place", "decode_rows": []}
+    assert port.batch == loaded.batch == manifest.batch == 1
     tokens, positions = torch.tensor([41]), torch.tensor([23])
-    ours, theirs = port.inputs.decode(tokens, positions, 64), loaded.inputs.decode(tokens, positions, 64)
+    ours, theirs = port.inputs.decode(tokens, positions), loaded.inputs.decode(tokens, positions)
     for name, a, b in zip(INPUT_NAMES, ours, theirs, strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b), name
     gen = torch.Generator().manual_seed(3)
@@ -52,7 +51,7 @@ def test_a_compiled_artifact_and_a_compiled_port_take_the_same_decode_inputs_and
     for side in (port, loaded):
         store = KVStore.from_tensors(side.stores.largest, [t.clone() for t in start])
         before = [t.clone() for t in store]
-        logits, after = run_step(side.runners.decode[64], side.inputs.decode(tokens, positions, 64), store)
+        logits, after = run_step(side.runners.decode[64], side.inputs.decode(tokens, positions), store)
         # in place: the returned store is the given one, changed only at the written slots
         assert all(a is b or a.data_ptr() == b.data_ptr() for a, b in zip(after, store, strict=True))
         assert any(not torch.equal(a, b) for a, b in zip(before, store, strict=True))
@@ -66,7 +65,7 @@ def test_a_straddling_tp2_artifact_traces_its_gathers_and_all_reduce(tmp_path):
     model = straddling_model()
     save_model_dir(model, tmp_path / "model")
     setup = RankSetup.for_layout(describe(model), 2)
-    write_artifact(tmp_path / "art", model, {"kind": "dir", "path": str(tmp_path / "model")}, setup, PortShape(32, 64))
+    write_artifact(tmp_path / "art", model, Source.directory(str(tmp_path / "model")), setup, PortShape(32, 64))
     got = generate(tmp_path / "art", GenerationRequest.greedy([PROMPT], 16))
     assert len(got.per_rank_kv_cache_bytes) == 2 and not got.rank_disagreement
     assert got.tokens[0] == reference_generate(model, PROMPT, 16)["tokens"]

@@ -7,7 +7,7 @@ import torch
 
 from neuron_port import describe, load_config
 from neuron_port.artifacts.writer import write_artifact
-from neuron_port.backends.neuron import NeuronBackend, compiler_args
+from neuron_port.backends.neuron import NeuronBackend
 from neuron_port.backends.nxd import KVResident, alias_map
 from neuron_port.backends.nxd_artifact import NxdBackend
 from neuron_port.backends.nxd_checkpoint import rank_checkpoints
@@ -18,6 +18,7 @@ from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape
 from neuron_port.graph.step import INPUT_NAMES
 from neuron_port.model.loading import build_model
+from neuron_port.model.source import Source
 from neuron_port.parallel.ranks import RankSetup
 from tests.helpers import run_cli, run_cli_process
 
@@ -48,13 +49,6 @@ def test_nxd_needs_the_sdk_and_neuron_refuses_tensor_parallelism(tmp_path):
     res = run_cli("compile", "gemma-4-e2b", "--tiny", "--out", str(out), "--backend", "xla")
     assert res.returncode == 2 and "invalid choice: 'xla'" in res.stderr
     assert not out.exists()
-
-
-def test_neuron_compiler_args():
-    assert compiler_args() == ["--model-type", "transformer", "--auto-cast", "none"]
-    assert compiler_args("matmult", optimize="O1") == ["--model-type", "transformer", "--auto-cast", "matmult", "-O1"]
-    with pytest.raises(ValueError):
-        compiler_args("fp8")
 
 
 def test_nxd_rank_checkpoints_keep_buffers_and_cast():
@@ -96,7 +90,7 @@ def test_a_neuron_artifact_of_the_tiny_e2b_generates(tiny_e2b, tmp_path):
     write_artifact(
         tmp_path / "A",
         tiny_e2b,
-        {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0},
+        Source.shipped("gemma-4-e2b", tiny=True),
         RankSetup.for_layout(describe(tiny_e2b), 1),
         PortShape([16], [32]),
         "neuron",
@@ -156,5 +150,4 @@ def test_the_backend_loads_what_nxd_loads_and_refuses_an_earlier_per_graph_artif
     (tmp_path / "decode_32.pt").write_bytes(b"an earlier per-graph trace")
     with pytest.raises(ArtifactError, match="rebuild it with 'neuron-port compile MODEL --backend neuron"):
         NeuronBackend().load_graphs(tmp_path, ["decode_32.pt"], {})
-    assert compiler_args("matmult")[-1] == "matmult"
 

@@ -13,11 +13,10 @@ from neuron_port.generation.generate import generate
 from neuron_port.generation.request import GenerationRequest
 from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape
+from neuron_port.model.source import Source
 from neuron_port.parallel.ranks import RankSetup
 
 PROMPT = [2, 17, 33, 5, 92, 41, 7, 300, 12, 58, 9, 77, 140, 3, 64, 211, 18, 25]
-
-
 
 
 # ---- one generate entry point ----------------------------------------------------------------
@@ -29,7 +28,7 @@ def test_generate_gives_the_same_tokens_from_a_model_a_port_and_an_artifact(tiny
     write_artifact(
         tmp_path / "art",
         tiny_e2b,
-        {"kind": "shipped", "name": "gemma-4-e2b", "tiny": True, "seed": 0},
+        Source.shipped("gemma-4-e2b", tiny=True),
         RankSetup.for_layout(describe(tiny_e2b), 1),
         shape,
     )

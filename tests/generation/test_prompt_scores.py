@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from neuron_port.checks.oracle import reference_generate, teacher_forced_logits
+from neuron_port.generation.offline import run_request
 from neuron_port.generation.request import GenerationParams, GenerationRequest
 from neuron_port.generation.request_state import PromptScores, TokenEvent
 from neuron_port.generation.slots import SlotBatch
-from neuron_port.generation.static_batch import run_static
 from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape
 
@@ -88,8 +88,8 @@ def test_a_one_token_prompt_scores_nothing_and_then_generates(port, tiny_e2b):
     assert [ev.token_id for ev in tokens] == reference_generate(tiny_e2b, [2], 5)["tokens"]
 
 
-def test_scoring_needs_the_slot_batch_and_zero_new_tokens_needs_scoring(port):
+def test_scoring_is_the_servers_and_zero_new_tokens_needs_scoring(port):
     with pytest.raises(ValueError, match="max_new_tokens must be at least 1"):
         GenerationParams(0)
-    with pytest.raises(ValueError, match="prompt_logprobs is the slot batch's"):
-        run_static(port, GenerationRequest([PROMPT], GenerationParams(2, prompt_logprobs=1)))
+    with pytest.raises(ValueError, match="prompt_logprobs is the server's"):
+        run_request(port, GenerationRequest([PROMPT], GenerationParams(2, prompt_logprobs=1)))

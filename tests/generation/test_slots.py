@@ -148,13 +148,9 @@ def test_a_request_crossing_a_kv_length_decodes_short_then_long_as_hugging_face_
 
 
 def _rows_used(monkeypatch) -> list[int]:
-    from neuron_port.graph.runners import Runners
+    from tests.helpers import record_decode_rows
 
-    used: list[int] = []
-    chosen = Runners.decode_step
-    monkeypatch.setattr(Runners, "decode_step", lambda self, needed, kv: (lambda r: used.append(r[0]) or r)(
-        chosen(self, needed, kv)))
-    return used
+    return record_decode_rows(monkeypatch.setattr)
 
 
 def test_a_lone_request_decodes_on_the_one_row_graph_of_a_compiled_port(port, monkeypatch):

@@ -5,8 +5,10 @@ graph writes exactly the slots its reference map names."""
 import pytest
 import torch
 
+from neuron_port.errors import NeuronPortError
+from neuron_port.graph.contracts import ArtifactGraphs, GraphCompiler
 from neuron_port.graph.graphs import DecodeGraph
-from neuron_port.graph.kv import KVStore
+from neuron_port.graph.kv import KVStore, KVWrite
 from neuron_port.graph.port import Port
 from neuron_port.graph.runners import compile_graphs
 from neuron_port.graph.shapes import PortShape
@@ -18,18 +20,18 @@ def _decode_inputs(port: Port, kv_len: int, batch: int):
     g = torch.Generator().manual_seed(3)
     store = port.inputs.new_store(batch, kv_len)
     filled = [torch.randn(t.shape, generator=g) for t in store.tensors()]  # a store with history in it
-    inputs = port.inputs.decode_fresh(torch.tensor([5, 9][:batch]), torch.tensor([20, 7][:batch]), kv_len)
+    inputs = port.inputs.decode_fresh(torch.tensor([5, 9][:batch]), torch.tensor([20, 7][:batch]))
     return inputs, type(store).from_tensors(store.spec, filled)
 
 
 def test_the_row_write_gives_the_blends_logits_and_store(tiny_e2b):
     port = Port.over_model(tiny_e2b, PortShape([8], [32]))
     graph = port.graphs.decode[32]
-    assert isinstance(graph, DecodeGraph) and not graph.row_kv_writes
+    assert isinstance(graph, DecodeGraph) and graph.kv_write is KVWrite.BLEND
     inputs, store = _decode_inputs(port, 32, 2)
     with torch.no_grad():
         want_logits, want_store = run_step(graph, inputs, store)
-        graph.row_kv_writes = True
+        graph.kv_write = KVWrite.ROWS
         got_logits, got_store = run_step(graph, inputs, store)
     assert torch.allclose(got_logits, want_logits, atol=1e-5, rtol=0)
     changed = 0
@@ -42,25 +44,38 @@ def test_the_row_write_gives_the_blends_logits_and_store(tiny_e2b):
 class _RecordingBackend:
     """Compiles nothing: records which write each graph was asked for."""
 
-    row_kv_writes = True
+    name, kv_write, fixed_batch, inference_mode, leading_update = "recording", KVWrite.ROWS, True, True, None
 
     def __init__(self):
         self.asked = {}
 
     def compile(self, graph, example_inputs, aliases):
         self.asked[("prefill" if graph.prefill else "decode", graph.seq if graph.prefill else graph.spec.kv_len)] = (
-            graph.row_kv_writes, graph.inplace_kv_writes)
+            graph.kv_write)
         return graph
+
+
+class _LoaderOnly:
+    """Loads artifacts' graphs and compiles none (ModelBuilder's backends are such)."""
+
+    name, kv_write = "loader", KVWrite.ROWS
+
+    def load_graphs(self, rank_dir, files, host):
+        return {}
 
 
 def test_compiling_asks_decode_graphs_only_for_the_row_write(tiny_e2b):
     port = Port.over_model(tiny_e2b, PortShape([8, 16], [32, 64]))
     graphs = port.graphs
     backend = _RecordingBackend()
+    assert isinstance(backend, GraphCompiler) and isinstance(_LoaderOnly(), ArtifactGraphs)
+    assert not isinstance(_LoaderOnly(), GraphCompiler)
+    with pytest.raises(NeuronPortError, match="_LoaderOnly compiles no graph in process"):
+        compile_graphs(graphs, _LoaderOnly(), port.example_inputs)
     compile_graphs(graphs, backend, lambda kind, size, batch: (
         port.inputs.example_prefill(size, batch) if kind == "prefill" else port.inputs.example_decode(size, batch)))
-    assert backend.asked == {("prefill", 8): (False, False), ("prefill", 16): (False, False),
-                             ("decode", 32): (True, False), ("decode", 64): (True, False)}
+    assert backend.asked == {("prefill", 8): KVWrite.BLEND, ("prefill", 16): KVWrite.BLEND,
+                             ("decode", 32): KVWrite.ROWS, ("decode", 64): KVWrite.ROWS}
 
 
 def test_a_prefill_graph_writes_each_rows_prompt_where_its_map_says_and_nothing_else(tiny_e2b):
@@ -101,11 +116,11 @@ def test_a_decode_graph_on_a_prefix_of_one_larger_store_is_the_graph_of_its_leng
     for kv_len in lengths:
         spec = port.stores.specs[kv_len]
         _, full = _decode_inputs(port, lengths[-1], 2)  # the largest store, with history in it
-        inputs = port.inputs.decode_fresh(torch.tensor([5, 9]), torch.tensor([kv_len - 1, kv_len // 2]), kv_len)
+        inputs = port.inputs.decode_fresh(torch.tensor([5, 9]), torch.tensor([kv_len - 1, kv_len // 2]))
         prefix_graph = DecodeGraph(model, spec, store=largest)
-        prefix_graph.row_kv_writes, prefix_graph.slot_input = True, True
+        prefix_graph.kv_write, prefix_graph.slot_input = KVWrite.ROWS, True
         own = DecodeGraph(model, spec)
-        own.row_kv_writes = True
+        own.kv_write = KVWrite.ROWS
         with torch.no_grad():
             got = prefix_graph(*inputs, slot_ids(kv_len), *full.tensors())
             want_logits, want = run_step(own, inputs, KVStore.from_tensors(spec, [t.clone() for t in full.prefix(spec)]))
@@ -120,7 +135,7 @@ def test_a_decode_graph_on_a_prefix_of_one_larger_store_is_the_graph_of_its_leng
     blending = DecodeGraph(model, port.stores.specs[lengths[0]], store=largest)
     blending.slot_input = True
     inputs, _ = _decode_inputs(port, lengths[0], 1)
-    with pytest.raises(ValueError, match="row_kv_writes"):
+    with pytest.raises(ValueError, match="expected kv_write 'rows', found 'blend'"):
         blending(*inputs, slot_ids(lengths[0]), *port.inputs.new_store(1, lengths[-1]).tensors())
 
 

@@ -13,6 +13,7 @@ from neuron_port.graph.kv import (
     KVSlotSpec,
     KVStore,
     KVStoreSpec,
+    KVWrite,
     onehot_write,
     prefill_write,
     prefix_slots,
@@ -69,6 +70,13 @@ def test_the_row_write_equals_the_onehot_blend(batch, heads, slots, data):
     before = buf.clone()
     out = row_write(buf, new, onehot)
     assert torch.equal(out, onehot_write(buf, new, onehot)) and torch.equal(buf, before)  # a new tensor
+
+
+def test_each_kv_write_kind_names_its_write_and_only_those_kinds_exist():
+    assert [kind.write for kind in KVWrite] == [onehot_write, scatter_write_, row_write]
+    assert KVWrite("rows") is KVWrite.ROWS and KVWrite.IN_PLACE == "in_place"  # the manifest's spelling
+    with pytest.raises(ValueError, match="'inplace' is not a valid KVWrite"):
+        KVWrite("inplace")
 
 
 @given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 24), st.one_of(st.none(), st.integers(1, 12)), st.data())
@@ -134,10 +142,10 @@ def test_a_decode_step_on_a_prefix_is_the_step_on_the_whole_store(tiny_e2b_port_
                                                        for t in port.inputs.new_store(2, 64).tensors()])
     tokens, positions = torch.tensor([5, 11]), torch.tensor([position, position - 3])
     with torch.no_grad():
-        want_logits, want = run_step(port.runners.decode[64], port.inputs.decode_fresh(tokens, positions, 64), big)
+        want_logits, want = run_step(port.runners.decode[64], port.inputs.decode_fresh(tokens, positions), big)
         views = big.prefix(port.stores.specs[short])
         assert all(v.data_ptr() == t.data_ptr() for v, t in zip(views.tensors(), big.tensors(), strict=True))  # no copy
-        got_logits, answer = run_step(port.runners.decode[short], port.inputs.decode_fresh(tokens, positions, short), views)
+        got_logits, answer = run_step(port.runners.decode[short], port.inputs.decode_fresh(tokens, positions), views)
     big.write_prefix(answer)
     # tolerance: relative to the largest logit (a softmax over 8 slots or over 64 with the rest masked
     # sums in another order); a wrong slot or mask is off by the size of the logits themselves

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from neuron_port.errors import BucketError
 from neuron_port.graph.kv import KVStore
-from neuron_port.graph.shapes import PortShape, occupancy_rows, rows_for
+from neuron_port.graph.shapes import PortShape, decode_rows_for, occupancy_rows, rows_for
 from neuron_port.model.configs import load_config
 from neuron_port.model.layout import describe
 
@@ -33,6 +33,17 @@ def test_a_step_runs_the_smallest_graph_that_holds_its_occupied_rows(batch, data
     assert chosen in candidates and chosen >= needed
     assert chosen == min(r for r in candidates if r >= needed)
     assert rows_for(needed, None, rows) == needed  # eager graphs take any row count
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 64), st.one_of(st.none(), st.lists(st.integers(-2, 80), max_size=8)))
+def test_the_decode_rows_a_port_compiles_are_asked_rows_below_the_batch_or_the_powers_of_two(batch, asked):
+    rows = decode_rows_for(batch, asked)
+    assert list(rows) == sorted(set(rows)) and all(0 < r < batch for r in rows)
+    if asked is None:
+        assert rows == occupancy_rows(batch)
+    else:
+        assert set(rows) == {r for r in asked if 0 < r < batch}
 
 
 def test_rows_out_of_range_are_refused():

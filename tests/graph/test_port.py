@@ -60,7 +60,7 @@ def test_graph_aliases_and_static_inputs():
     port = Port.over_model(model, PortShape([16], 64))
     n, decode = len(port.stores.largest.slots), port.graphs.decode[port.kv_len]
     assert decode.aliases == {len(INPUT_NAMES) + j: 1 + j for j in range(2 * n)}
-    inputs = port.inputs.decode_fresh(torch.tensor([5]), torch.tensor([20]), port.kv_len)
+    inputs = port.inputs.decode_fresh(torch.tensor([5]), torch.tensor([20]))
     out = decode(*inputs, *port.inputs.new_store(1, port.kv_len))
     assert out[0].shape == (1, model.config.vocab_size)
     assert [t.shape for t in out[1:]] == [t.shape for t in port.inputs.new_store(1, port.kv_len)]

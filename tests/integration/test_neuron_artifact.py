@@ -19,6 +19,8 @@ import pytest
 
 from neuron_port.backends.neuron import IN_PROCESS_REFUSAL, NeuronBackend
 from neuron_port.errors import NeuronPortError
+from neuron_port.graph.port import Port
+from neuron_port.graph.shapes import PortShape
 from tests.helpers import run_cli_process, standin_env
 
 SHAPE = ["--buckets", "8,16", "--kv-lens", "32"]
@@ -61,13 +63,13 @@ def test_a_neuron_artifact_generates_the_reference_from_a_fresh_process(neuron_a
     assert checked["logit_check"]["steps"] == 12 and checked["logit_check"]["max_relative_error"] < 1e-4
 
 
-def test_port_backend_neuron_is_refused_with_the_artifact_commands():
+def test_port_backend_neuron_is_refused_with_the_artifact_commands(tiny_e2b):
     res = run_cli_process("port", "gemma-4-e2b", "--tiny", "--backend", "neuron", "--max-new-tokens", "2",
                           env=standin_env())
     assert res.returncode != 0 and "compile MODEL --backend neuron" in res.stderr and "Traceback" not in res.stderr
-    with pytest.raises(NeuronPortError, match="ModelBuilder at tp 1"):
-        NeuronBackend().compile(None, [], {})
-    assert "neuron-port generate DIR" in IN_PROCESS_REFUSAL
+    with pytest.raises(NeuronPortError, match="build whole artifacts"):
+        Port.over_model(tiny_e2b, PortShape([8], [16])).compile(NeuronBackend())
+    assert "neuron-port generate DIR" in IN_PROCESS_REFUSAL and "ModelBuilder at tp 1" in IN_PROCESS_REFUSAL
 
 
 def test_a_neuron_artifact_takes_one_core(tmp_path):

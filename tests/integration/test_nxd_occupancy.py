@@ -42,15 +42,12 @@ from neuron_port.artifacts.manifest import verify
 from neuron_port.artifacts.reader import load_rank_port
 from neuron_port.checks.oracle import reference_generate
 from neuron_port.generation.request import GenerationParams
-from neuron_port.graph.runners import Runners
 from neuron_port.model.loading import model_from_name
-from tests.helpers import run_slot_schedule
+from tests.helpers import record_decode_rows, run_slot_schedule
 
 artifact = Path(sys.argv[1])
 port = load_rank_port(artifact, verify(artifact), 0)
-used = []
-chosen = Runners.decode_step
-Runners.decode_step = lambda self, needed, kv: (lambda r: used.append(r[0]) or r)(chosen(self, needed, kv))
+used = record_decode_rows()
 model = model_from_name("gemma-4-e2b", tiny=True, seed=0)
 prompts = [[2, 5, 9, 11], [2, 40, 41, 42, 43, 44], [2, 300, 301]]
 alone = run_slot_schedule(port, [(0, prompts[0], GenerationParams(8))], 4)[0]

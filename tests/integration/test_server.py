@@ -187,7 +187,6 @@ def test_client_disconnect_frees_its_slot(small_server):
     assert "neuron_port_cancelled_requests_total 1" in httpx.get(small_server.base + "/metrics").text
 
 
-
 def test_a_client_that_leaves_a_whole_response_is_a_quiet_499(small_server):
     import time
 

@@ -100,9 +100,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_cycle_finder_finds_a_planted_cycle():
     graph = import_graph()
     planted = {k: set(v) for k, v in graph.items()}
-    planted["neuron_port.graph.shapes"].add("neuron_port.generation.static_batch")  # runtime imports shapes
+    planted["neuron_port.graph.shapes"].add("neuron_port.generation.slots")  # slots imports shapes
     assert find_cycle(planted) is not None
-    assert "neuron_port.graph.shapes" in graph["neuron_port.generation.static_batch"]
+    assert "neuron_port.graph.shapes" in graph["neuron_port.generation.slots"]
 
 
 def test_no_import_cycles():
@@ -229,8 +229,8 @@ def test_no_module_imports_a_higher_layer():
 
 def test_the_layer_check_catches_a_planted_upward_import():
     graph = {k: set(v) for k, v in import_graph(type_checking=True).items()}
-    graph["neuron_port.graph.kv"].add("neuron_port.generation.static_batch")
-    assert upward_imports(graph) == ["neuron_port.graph.kv (graph) imports neuron_port.generation.static_batch (generation)"]
+    graph["neuron_port.graph.kv"].add("neuron_port.generation.slots")
+    assert upward_imports(graph) == ["neuron_port.graph.kv (graph) imports neuron_port.generation.slots (generation)"]
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from neuron_port.serve import app\n")
     assert _imports(tree) == [("typing", ["TYPE_CHECKING"])]
     assert ("neuron_port.serve", ["app"]) in _imports(tree, type_checking=True)
@@ -250,6 +250,26 @@ def test_readme_layers_table_names_every_folder_and_top_module():
     }
     assert entries - listed == set(), sorted(entries - listed)
     assert [r.removesuffix("/").removesuffix(".py") for r in rows][1:] == [name for name, _ in LAYERS][1:]
+
+
+def test_each_layer_exports_its_public_names():
+    """Every layer package but the command's (``cli``) exports a handful of names: each resolves, is in the
+    ``__all__`` of the module that defines it, and the API reference opens the layer's section with it."""
+    import importlib
+
+    api = (ROOT / "docs" / "api.md").read_text()
+    for layer, _ in LAYERS[1:]:
+        if not (PACKAGE / layer / "__init__.py").is_file() or layer == "cli":
+            continue
+        package = importlib.import_module(f"neuron_port.{layer}")
+        names = getattr(package, "__all__", [])
+        assert 0 < len(names) <= 20, f"neuron_port.{layer} exports {len(names)} names"
+        for name in names:
+            value = getattr(package, name)
+            home = importlib.import_module(getattr(value, "__module__", None) or f"neuron_port.{layer}")
+            if home.__name__.startswith(f"neuron_port.{layer}.") and hasattr(home, "__all__"):
+                assert name in home.__all__, f"neuron_port.{layer}.{name} is not in {home.__name__}.__all__"
+        assert f"::: neuron_port.{layer}\n" in api, f"docs/api.md has no section opening for neuron_port.{layer}"
 
 
 def _exception_classes_outside_errors(sources: dict[str, str] | None = None) -> list[str]:

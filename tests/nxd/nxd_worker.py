@@ -165,7 +165,7 @@ def _run_resident(rank: int, tp: int, name: str, source, setup, get_sharded_chec
             for param, written_kv in zip(key.kv, state, strict=True):
                 param.copy_(written_kv)
             token = int(reference(seen).logits[0, -1].argmax())
-            decoded = key(*inputs.decode_fresh(torch.tensor([token]), torch.tensor([seen.shape[1]]), size),
+            decoded = key(*inputs.decode_fresh(torch.tensor([token]), torch.tensor([seen.shape[1]])),
                           slot_ids(size))
             state = decoded[1:]
             seen = torch.cat([seen, torch.tensor([[token]])], dim=1)
@@ -176,6 +176,6 @@ def _run_resident(rank: int, tp: int, name: str, source, setup, get_sharded_chec
     planned = core_params(setup.layout, source.config, tp).weight_bytes(4, quant)
     return {"max_abs_logit_diff": float((got - want).abs().max()), "max_abs_logit": float(want.abs().max()),
             "kv_written": written > 0, "kv_outputs": len(out) - 1,
-            "decode_row_writes": bool(short.graph.row_kv_writes and long.graph.row_kv_writes),
+            "decode_row_writes": short.graph.kv_write == long.graph.kv_write == "rows",
             "decode_max_abs_logit_diffs": diffs, "decode_max_abs_logits": peaks,
             "shard_bytes": shard_bytes[0], "plan_weight_bytes": planned}

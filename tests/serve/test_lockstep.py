@@ -3,11 +3,11 @@ it loads rank 0's port, broadcasts each round, refuses a round once a follower h
 closes its groups. Followers in their own processes are exercised end to end by
 tests/integration/test_artifacts_across_processes.py (a tp 2 artifact served)."""
 
-import json
 
 import pytest
 import torch.distributed as dist
 
+from neuron_port.artifacts.manifest import verify
 from neuron_port.serve.lockstep import Lockstep
 
 
@@ -22,11 +22,11 @@ class _Stopped:
 
 
 def test_rank_zero_rounds_and_a_stopped_follower(tiny_e2b_artifact):
-    manifest = json.loads((tiny_e2b_artifact / "manifest.json").read_text())
+    manifest = verify(tiny_e2b_artifact)
     lockstep = Lockstep(tiny_e2b_artifact, manifest, slots=1, pad_id=0)
     try:
         assert lockstep.tp == 1 and lockstep.followers == [] and dist.is_initialized()
-        assert lockstep.port.batch == manifest["batch"] and lockstep.port.kv_len == 64
+        assert lockstep.port.batch == manifest.batch and lockstep.port.kv_len == 64
         lockstep.round([], [([2, 5, 6], None)])  # nobody to tell, but the broadcast runs
         lockstep.followers.append(_Stopped())
         with pytest.raises(RuntimeError, match=r"follower ranks stopped: \['neuron-port-rank1'\]"):

@@ -67,8 +67,6 @@ def test_port_through_xla_matches_hugging_face_and_lowers_cleanly(args):
     assert (cost["by_class"]["all_reduce"] > 0) == (tp > 1)
 
 
-
-
 def _xla_run(model, shape, tokens, keep_logits=False):
     from neuron_port.backends.xla_port import xla_port
     from neuron_port.generation.generate import generate
@@ -80,15 +78,19 @@ def _xla_run(model, shape, tokens, keep_logits=False):
 
 # In-process runs use shapes no other test in this process compiles: a graph XLA already compiled
 # comes from its cache, and its HLO is then not observed.
-def test_logits_of_every_step_match_and_the_store_grows_on_the_device(tiny_e2b):
-    """Two KV lengths: the store outgrows 32 slots and is copied into 48 on the device."""
+def test_logits_of_every_step_match_and_short_steps_read_a_prefix_on_the_device(tiny_e2b):
+    """Two KV lengths over one store of 48 slots on the device: the prefill writes into it, decode at 32 attends
+    over its prefix inside the graph and decode at 48 over all of it; every graph aliases the whole store, and
+    no store is copied between them (no graph but the three)."""
     port, got, report = _xla_run(tiny_e2b, PortShape(32, (32, 48)), 24, keep_logits=True)
     ref = reference_generate(tiny_e2b, PROMPT, 24)
     assert got.tokens[0] == ref["tokens"]
     ours = softcap(torch.stack([step[0] for step in got.step_logits]), describe(tiny_e2b).softcap)
     theirs = torch.stack(ref["logits"])
     assert (ours - theirs).abs().max() / theirs.abs().max() < 1e-4  # tolerance: relative to the largest logit
-    assert "kv_grow_to_48" in report["compile_s"] and report["aliased_buffers"]["decode_48"] == report["kv_tensors"]["decode_48"]
+    assert set(report["compile_s"]) == {"prefill_32", "decode_32", "decode_48"}
+    assert got.step_kv_lens[0] == 32 and got.step_kv_lens[-1] == 48
+    assert report["aliased_buffers"] == report["kv_tensors"] and report["uncached_compiles"] == 3
     # the decode cost: the longest decode graph's traffic against the least a step at 48 positions moves,
     # counted here from the model itself (every device weight once in fp32, the whole store once per
     # layer attending it, one new row per owner)
@@ -129,7 +131,7 @@ def test_lint_findings_catch_a_step_without_its_sync(tiny_e2b, monkeypatch):
     assert "xla-recompiles" in {f.name for f in findings_of(report)}
 
 
-def test_lint_command_at_tp2_grows_the_store_on_the_devices():
+def test_lint_command_at_tp2_decodes_by_length_on_the_devices():
     env = {**os.environ, "PJRT_DEVICE": "CPU"}
     proc = subprocess.run([sys.executable, "-m", "neuron_port", "lint", "gemma-4-e4b", "--xla", "--tp", "2", "--json"],
                           capture_output=True, text=True, timeout=900, env=env)
@@ -137,7 +139,7 @@ def test_lint_command_at_tp2_grows_the_store_on_the_devices():
     d = json.loads(proc.stdout)
     x = d["xla"]
     assert d["errors"] == 0 and x["devices"] == 2
-    assert set(x["hlo_instructions"]) == {"prefill_32", "decode_32", "kv_grow_to_64", "decode_64"}
+    assert set(x["hlo_instructions"]) == {"prefill_32", "decode_32", "decode_64"}
     assert all(x["hlo_opcodes"][g].get("all-reduce", 0) > 0 for g in ("prefill_32", "decode_32", "decode_64"))
 
 
@@ -213,23 +215,23 @@ def test_a_prefill_writes_its_full_buffers_by_dynamic_update_slice():
     assert dus["bytes"] < scatter["bytes"]
 
 
-def test_decode_by_occupancy_on_xla_runs_the_one_row_graph_on_row_views_of_the_device_store(tiny_e2b, monkeypatch):
+def test_decode_by_occupancy_on_xla_runs_the_one_row_graph_over_the_one_device_store(tiny_e2b, monkeypatch):
     """A port compiled by XLA for 2 rows also carries 1-row decode graphs; a lone request in the slot batch runs
-    them on row views of the one device store, a pair runs the 2-row ones, and the tokens are Hugging Face's."""
+    them (each takes the whole device store and reads and writes its first row), a pair runs the 2-row ones, the
+    tokens are Hugging Face's, and every graph aliases the whole store."""
     from neuron_port.backends.xla_port import xla_port
     from neuron_port.generation.request import GenerationParams
-    from neuron_port.graph.runners import Runners
-    from tests.helpers import run_slot_schedule
+    from tests.helpers import record_decode_rows, run_slot_schedule
 
-    port, _ = xla_port(tiny_e2b, RankSetup.for_layout(describe(tiny_e2b), 1), PortShape(24, (40,)), batch=2)
+    port, backend = xla_port(tiny_e2b, RankSetup.for_layout(describe(tiny_e2b), 1), PortShape(24, (40,)), batch=2)
     assert sorted(port.runners.decode_rows) == [1]
-    used: list[int] = []
-    chosen = Runners.decode_step
-    monkeypatch.setattr(Runners, "decode_step", lambda self, needed, kv: (lambda r: used.append(r[0]) or r)(
-        chosen(self, needed, kv)))
+    used = record_decode_rows(monkeypatch.setattr)
     prompts = [PROMPT[:9], PROMPT[:5]]
     alone = run_slot_schedule(port, [(0, prompts[0], GenerationParams(8))], 2)[0]
     assert alone == reference_generate(tiny_e2b, prompts[0], 8)["tokens"] and set(used) == {1}
     used.clear()
     pair = run_slot_schedule(port, [(0, p, GenerationParams(8)) for p in prompts], 2)
     assert [pair[0], pair[1]] == [reference_generate(tiny_e2b, p, 8)["tokens"] for p in prompts] and set(used) == {2}
+    report = backend.report()
+    assert {"prefill_24", "decode_40", "decode_40_rows1"} <= set(report["aliased_buffers"])
+    assert report["aliased_buffers"] == report["kv_tensors"]

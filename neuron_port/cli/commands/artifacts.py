@@ -22,7 +22,7 @@ from neuron_port.cli.quant_flags import add_quant_option
 
 def _cmd_compile(args: argparse.Namespace) -> int:
     from neuron_port.artifacts.writer import write_artifact
-    from neuron_port.backends import check_backend_tp, require_backend
+    from neuron_port.backends import backend_spec, check_backend_tp, require_backend
     from neuron_port.graph.shapes import PortShape
     from neuron_port.model.layout import describe
     from neuron_port.model.loading import load_source, parse_dtype
@@ -39,11 +39,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
               "neuron_port.model.localdir.write_tokenizer(DIR, vocab_size) writes a demo tokenizer)", file=sys.stderr)
     manifest = write_artifact(args.out, model, source, setup, PortShape(args.buckets, args.kv_lens), args.backend,
                               args.batch, tok_dir)
-    summary = {k: manifest[k] for k in ("backend", "tp", "buckets", "kv_lens", "batch", "dtype", "weights_fingerprint")}
-    summary["quant"] = source["quant"]
-    summary["out"] = str(Path(args.out).resolve())
-    summary["files"] = len(manifest["files"])
-    if args.backend in ("nxd", "neuron"):
+    summary = {**manifest.summary(), "out": str(Path(args.out).resolve())}
+    if backend_spec(args.backend).whole_artifact:
         summary.update(_device_bytes(Path(args.out), model, setup, max(args.kv_lens), args.batch))
     if args.json:
         print_json(summary)
@@ -86,10 +83,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from neuron_port.model.tokenizer import decode_completion
 
     manifest = verify(args.dir, args.allow_version_mismatch)
-    if args.dtype is not None and parse_dtype(args.dtype) != parse_dtype(manifest.get("dtype", "float32")):
-        raise ArtifactError(f"--dtype {args.dtype}: the artifact {args.dir} was compiled in {manifest.get('dtype')}; "
+    if args.dtype is not None and parse_dtype(args.dtype) != manifest.dtype:
+        raise ArtifactError(f"--dtype {args.dtype}: the artifact {args.dir} was compiled in {manifest.dtype}; "
                             f"compile it again with --dtype {args.dtype}, or drop --dtype")
-    compiled_quant = manifest["source"].get("quant", "none")
+    compiled_quant = manifest.source.quant
     if args.quant is not None and args.quant != compiled_quant:
         asked, compiled = scheme_flags(args.quant), scheme_flags(compiled_quant)
         raise ArtifactError(f"{asked}: the artifact {args.dir} was compiled with {compiled}; compile it again with "
@@ -105,7 +102,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     stream = text_stream(args, args.dir)  # the answer as it comes, for a person reading a text prompt's
     result = generate(args.dir, request, manifest=manifest, tokenizer=stream.tokenizer if stream else None, on_token=stream)
     out = artifact_run_report(args.dir, manifest, prompt, result)
-    out["dtype"] = manifest.get("dtype")
+    out["dtype"] = str(manifest.dtype)
     if texts:
         out["text"] = decode_completion(args.dir, out["tokens"], stop_ids)
     if args.check:

@@ -120,7 +120,6 @@ def add(sub) -> None:
         help="plan for graphs that each carry their own weights (separately traced graphs) instead "
         "of one set shared by every graph (neuronx-distributed's ModelBuilder, the default)",
     )
-    p.add_argument("--shared-weights", action="store_true", help="the default (kept for older scripts)")
     p.add_argument("--json", action="store_true", help="print JSON (for scripts) instead of lines for people")
     p.add_argument("--png", default=None, help="write a per-core memory chart (needs matplotlib)")
     p.set_defaults(func=_cmd_plan)

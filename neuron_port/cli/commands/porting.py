@@ -20,6 +20,7 @@ from neuron_port.cli.quant_flags import add_quant_option
 
 
 def _cmd_port(args: argparse.Namespace) -> int:
+    from neuron_port.backends import backend_spec, check_backend_tp, require_backend
     from neuron_port.checks.reference import reference_for_source
     from neuron_port.generation.chat import generation_stop_ids
     from neuron_port.generation.generate import generate
@@ -32,15 +33,14 @@ def _cmd_port(args: argparse.Namespace) -> int:
     from neuron_port.model.tokenizer import decode_completion
     from neuron_port.parallel.ranks import RankSetup
 
-    if args.backend == "neuron":
-        from neuron_port.backends import check_backend_tp, require_backend
-        from neuron_port.backends.neuron import IN_PROCESS_REFUSAL
+    spec = backend_spec(args.backend)
+    check_backend_tp(args.backend, args.tp)
+    require_backend(args.backend)  # before any model is built: one line naming the SDK it needs
+    if not spec.in_process:
         from neuron_port.errors import NeuronPortError
 
-        check_backend_tp(args.backend, args.tp)
-        require_backend(args.backend)
-        raise NeuronPortError(IN_PROCESS_REFUSAL)
-    elif args.backend == "xla":
+        raise NeuronPortError(spec.refusal)
+    if args.backend == "xla":
         from neuron_port.backends.xla import require_xla
 
         require_xla()  # before any model is built: one line saying how to install it
