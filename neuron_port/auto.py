@@ -19,6 +19,7 @@ commands and the server are built from the same pieces, with more options.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +99,11 @@ class PortedModel:
         fmt, tokenizer = chat_format_of(str(self.directory))
         if tokenizer is None:
             raise PromptError(f"chat=True needs a tokenizer.json in {self.directory}; it has none")
-        return fmt.encode([{"role": "user", "content": prompt}], tokenizer, self._special().bos)
+        return fmt.encode([{"role": "user", "content": prompt}], tokenizer, self._special.bos)
 
+    @cached_property
     def _special(self) -> Any:
+        """The model's special ids, read once (from the directory's config.json, or the model's own config)."""
         from neuron_port.families import family_for
         from neuron_port.model.configs import load_config
 
@@ -116,7 +119,7 @@ class PortedModel:
         from neuron_port.generation.chat import generation_stop_ids
 
         real = self.directory is not None
-        return generation_stop_ids(self.directory, self._special().eos, chat, eos_means_end=real)
+        return generation_stop_ids(self.directory, self._special.eos, chat, eos_means_end=real)
 
     def _decode(self, ids: list[int]) -> str:
         from neuron_port.model.tokenizer import decode_completion

@@ -205,6 +205,8 @@ def compile_with_planted_checkpoint(plant: str, *compile_args: str) -> subproces
 
 
 STANDIN_SHAPE = ["--buckets", "8,16", "--kv-lens", "32"]
+TIGHT = 1e-4
+"""A float32 artifact through the same Hugging Face layers: the largest step's logit error over the largest logit."""
 """Two prompt buckets and one KV length: small enough for a stand-in compile in seconds."""
 
 

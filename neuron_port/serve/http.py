@@ -35,7 +35,8 @@ def log_refusal(scope: dict, status: int, body: bytes) -> None:
     except (ValueError, AttributeError):
         reason = ""
     client = (scope.get("client") or ("?",))[0]
-    line = f"neuron-port: {status} {scope.get('method', '?')} {scope.get('path', '?')} from {client}: {reason}".rstrip(": ")
+    line = f"neuron-port: {status} {scope.get('method', '?')} {scope.get('path', '?')} from {client}"
+    line += f": {reason}" if reason else ""
     LOG.log(logging.INFO if status == 499 else logging.WARNING, line)
 
 

@@ -23,7 +23,7 @@ def _hf_greedy(directory, ids: list[int], new_tokens: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_text_in_text_out_as_transformers_generates_it_then_from_the_artifact(smollm2_dir, tmp_path):
+def test_text_in_text_out_as_transformers_generates_it_then_from_the_artifact(smollm2_dir, tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
@@ -36,6 +36,11 @@ def test_text_in_text_out_as_transformers_generates_it_then_from_the_artifact(sm
     chat_ids = tokenizer.apply_chat_template(question, add_generation_prompt=True, tokenize=True, return_dict=False)
     expected = _hf_greedy(smollm2_dir, list(chat_ids), 8)
     assert model.generate_ids("What is the capital of France?", max_new_tokens=8, chat=True) == expected[:8]
+    from neuron_port.model import configs
+
+    reads, load_config = [], configs.load_config
+    monkeypatch.setattr(configs, "load_config", lambda *a, **k: reads.append(a) or load_config(*a, **k))
+    assert model.generate(PROMPT, max_new_tokens=8) == text and reads == []  # its special ids were read once, and kept
 
     artifact = model.compile(tmp_path / "artifact")
     reloaded = neuron_port.from_pretrained(artifact)

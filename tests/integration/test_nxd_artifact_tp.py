@@ -13,6 +13,7 @@ import pytest
 
 from tests.helpers import (
     STANDIN_SHAPE,
+    TIGHT,
     compile_on_standin,
     compile_with_planted_checkpoint,
     generate_on_standin,
@@ -22,8 +23,6 @@ from tests.helpers import (
 )
 
 SHAPE = STANDIN_SHAPE
-TIGHT = 1e-4
-"""float32 through the same Hugging Face layers: the largest step's logit error over the largest logit."""
 
 
 def phi3_4q2kv(directory: Path) -> str:

@@ -164,6 +164,10 @@ def test_every_4xx_is_logged_with_its_reason(caplog):
         log_refusal(scope, 499, b'{"error": {"message": "the client closed the request"}}')
         log_refusal(scope, 200, b"{}")
         log_refusal(scope, 503, b"{}")
+        log_refusal(scope, 404, b"not json")  # no reason to give: the line ends at the client
+        log_refusal(scope, 400, b'{"error": {"message": "expected one of: "}}')  # a reason's own ending is kept
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (logging.WARNING, "neuron-port: 400 POST /v1/completions from 127.0.0.1: unknown parameter 'foo'"),
-        (logging.INFO, "neuron-port: 499 POST /v1/completions from 127.0.0.1: the client closed the request")]
+        (logging.INFO, "neuron-port: 499 POST /v1/completions from 127.0.0.1: the client closed the request"),
+        (logging.WARNING, "neuron-port: 404 POST /v1/completions from 127.0.0.1"),
+        (logging.WARNING, "neuron-port: 400 POST /v1/completions from 127.0.0.1: expected one of: ")]
