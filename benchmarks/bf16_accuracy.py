@@ -112,15 +112,15 @@ def measure(name: str, prompts: tuple[str, ...], new_tokens: int) -> dict:
     start = time.perf_counter()
     for text in prompts:
         prompt = text_prompt(directory, text)
-        want = reference_generate(reference, prompt, new_tokens)["tokens"]
+        want = reference_generate(reference, prompt, new_tokens).tokens
         for dtype, port in ports.items():
             got = generate(port, GenerationRequest.greedy([prompt], new_tokens, keep_logits=True))
             tokens = got.tokens[0]
             errors[dtype] += step_errors(reference, prompt, tokens, got.step_logits, cap)
             rows[dtype].append(agreement(tokens, want))
         peer = reference_generate(hf_bf16, prompt, new_tokens)
-        errors["hf_bf16"] += step_errors(reference, prompt, peer["tokens"], peer["logits"], cap)
-        rows["hf_bf16"].append(agreement(peer["tokens"], want))
+        errors["hf_bf16"] += step_errors(reference, prompt, peer.tokens, peer.logits, cap)
+        rows["hf_bf16"].append(agreement(peer.tokens, want))
     out = {"model": name, "prompts": len(prompts), "new_tokens": new_tokens, "seconds": round(time.perf_counter() - start, 1)}
     for dtype in rows:
         agree, err = rows[dtype], errors[dtype]

@@ -138,7 +138,7 @@ def measure(name: str, prompts: tuple[str, ...], new_tokens: int, ppl_tokens: in
     start = time.perf_counter()
     for text in tqdm(prompts, desc=f"{name} prompts", leave=False):
         prompt = text_prompt(directory, text)
-        want = reference_generate(reference, prompt, new_tokens)["tokens"]
+        want = reference_generate(reference, prompt, new_tokens).tokens
         for side, port in ports.items():
             got = generate(port, GenerationRequest.greedy([prompt], new_tokens, keep_logits=True))
             errors[side] += step_errors(reference, prompt, got.tokens[0], got.step_logits, cap)
@@ -147,8 +147,8 @@ def measure(name: str, prompts: tuple[str, ...], new_tokens: int, ppl_tokens: in
                 exact[side] += step_errors(exact_refs[side], prompt, got.tokens[0], got.step_logits, cap)
         for side, peer in peers.items():
             theirs = reference_generate(peer, prompt, new_tokens)
-            errors[side] += step_errors(reference, prompt, theirs["tokens"], theirs["logits"], None)  # capped by HF
-            agree[side].append(agreement(theirs["tokens"], want))
+            errors[side] += step_errors(reference, prompt, theirs.tokens, theirs.logits, None)  # capped by HF
+            agree[side].append(agreement(theirs.tokens, want))
     ids = torch.tensor(load_tokenizer(directory).encode(prose_text()).ids[:ppl_tokens + 1])
     forwards = {"reference": reference, **models, **peers}
     ppl = {side: perplexity(model, ids, ppl_window) for side, model in tqdm(forwards.items(), desc=f"{name} perplexity",

@@ -21,7 +21,6 @@ from pathlib import Path
 
 from neuron_port import describe, load_config
 from neuron_port.artifacts.writer import write_artifact
-from neuron_port.checks.selfcheck import checked_run_passed
 from neuron_port.checks.validation import check_in_fresh_process
 from neuron_port.cli.quant_flags import QuantFlagsParser, add_quant_option
 from neuron_port.cli.recipe import load_checked, run_recipe
@@ -73,11 +72,12 @@ def port_one(name: str, args: argparse.Namespace, out_root: Path) -> bool:
     # 7. Reload in a fresh process and check against Hugging Face's greedy generate on CPU.
     eos = stop_token_ids(str(out), layout.family.special_ids(config).eos, chat=False)
     prompt = text_prompt(out, PROMPT)
-    result = check_in_fresh_process(out, max_new_tokens=args.max_new_tokens, prompt=prompt, stop_ids=eos)
-    print(f"[reload] a fresh process loaded {result['artifact']} (backend {result['backend']}, tp {result['tp']})")
-    print(f"[check] {result['new_tokens']} tokens against Hugging Face, self-checks "
-          f"{'passed' if result['self_checks_passed'] else 'FAILED'}; SEQ_MATCH {result['seq_match']}")
-    print(f"[text] {PROMPT!r} -> {decode_completion(str(out), result['tokens'], eos)!r}")
+    checked = check_in_fresh_process(out, max_new_tokens=args.max_new_tokens, prompt=prompt, stop_ids=eos)
+    run = checked.run
+    print(f"[reload] a fresh process loaded {run['artifact']} (backend {run['backend']}, tp {run['tp']})")
+    print(f"[check] {run['new_tokens']} tokens against Hugging Face, self-checks "
+          f"{'passed' if checked.self_checks_passed else 'FAILED'}; SEQ_MATCH {checked.seq_match}")
+    print(f"[text] {PROMPT!r} -> {decode_completion(str(out), run['tokens'], eos)!r}")
 
     # 8. Chat through the model's own template (its family's format when it ships none).
     fmt, tokenizer = chat_format_of(out)
@@ -86,7 +86,7 @@ def port_one(name: str, args: argparse.Namespace, out_root: Path) -> bool:
     reply = generate(str(out), GenerationRequest.greedy([chat_ids], args.max_new_tokens, stops))
     source_of = "its chat template" if fmt.template else f"the {layout.family.name} family's format"
     print(f"[chat] ({source_of}) {QUESTION!r} -> {decode_completion(str(out), reply.tokens[0], stops)!r}")
-    return checked_run_passed(result)  # bf16: the logit bound decides; tokens may flip at near-ties
+    return checked.passed  # bf16: the logit bound decides; tokens may flip at near-ties
 
 
 def main() -> int:

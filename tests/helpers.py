@@ -331,9 +331,9 @@ def ranks_match_hf(model, tp: int, in_process: bool):
         tp=tp,
         mode="threads" if in_process else "gloo",
     )
-    assert got.tokens[0] == ref["tokens"]
+    assert got.tokens[0] == ref.tokens
     port_logits = softcap(torch.stack(got.step_logits)[:, 0], model.config.final_logit_softcapping)
-    ref_logits = torch.stack(ref["logits"])
+    ref_logits = torch.stack(ref.logits)
     rel = (port_logits - ref_logits).abs().max() / ref_logits.abs().max()
     assert rel < 1e-4, f"logits differ by {rel:.2e} relative"
     return got

@@ -23,7 +23,8 @@ import torch
 
 from neuron_port.artifacts.record import Manifest
 from neuron_port.checks.check import Check
-from neuron_port.checks.selfcheck import as_json, model_self_checks
+from neuron_port.checks.checked_run import TokenMatch
+from neuron_port.checks.selfcheck import model_self_checks
 from neuron_port.errors import NeuronPortError
 from neuron_port.families import DecoderFamily, family_for
 
@@ -155,9 +156,9 @@ def _probe_prompt(config, family: DecoderFamily, bucket: int) -> list[int]:
 def _port_model_dir(directory: Path, config, family: DecoderFamily, tokens: int) -> list[Check]:
     """The library's loader against transformers' ``from_pretrained`` (the reference), then the
     port's tokens against that reference and the self-checks tokens cannot replace."""
-    from neuron_port.checks.oracle import reference_generate
     from neuron_port.checks.reference import hf_reference_model
     from neuron_port.checks.selfcheck import check_loader
+    from neuron_port.checks.validation import compare_with_reference
     from neuron_port.generation.generate import generate
     from neuron_port.generation.request import GenerationRequest
     from neuron_port.graph.shapes import PortShape
@@ -172,43 +173,40 @@ def _port_model_dir(directory: Path, config, family: DecoderFamily, tokens: int)
         return [loader, Check("port", "skip", "the port would be built over the wrongly loaded model: fix the loader first")]
     prompt = _probe_prompt(config, family, 16)
     shape = PortShape([16], 64)
-    ref = reference_generate(reference, prompt, tokens)
     setup = RankSetup.for_layout(describe(model), 1)
     got = generate(model, GenerationRequest.greedy([prompt], tokens, keep_logits=True), shape=shape, setup=setup)
     checks, _ = model_self_checks(
         model, setup, shape, prompt, got.tokens[0], got.step_logits, reference=reference, with_loader=False
     )
-    return [loader, _port_verdict(got.tokens[0], ref), *checks]
+    match = compare_with_reference(got.tokens[0], reference, prompt, tokens)
+    return [loader, _port_verdict(len(got.tokens[0]), match), *checks]
 
 
 def _port_artifact(directory: Path, manifest: Manifest, config, family: DecoderFamily, tokens: int) -> list[Check]:
     """The artifact's tokens, host embeddings and step logits against the checkpoint it was built from
     (``manifest``: what the artifact check verified)."""
-    from neuron_port.checks.oracle import reference_generate
     from neuron_port.checks.reference import reference_model
-    from neuron_port.checks.validation import artifact_run_report, artifact_self_checks
+    from neuron_port.checks.validation import artifact_self_checks, compare_with_reference
     from neuron_port.generation.generate import generate
     from neuron_port.generation.request import GenerationRequest
 
     prompt = _probe_prompt(config, family, max(manifest.shape.buckets))
     reference = reference_model(manifest)
     result = generate(directory, GenerationRequest.greedy([prompt], tokens, keep_logits=True), manifest=manifest)
-    out = artifact_self_checks(directory, manifest, reference, prompt, artifact_run_report(directory, manifest, prompt, result))
-    verdict = _port_verdict(out["tokens"], reference_generate(reference, prompt, tokens))
-    return [verdict, *(Check(**check) for check in out["self_checks"])]
+    checked = artifact_self_checks(directory, manifest, reference, prompt, result)
+    match = compare_with_reference(result.tokens[0], reference, prompt, tokens)
+    return [_port_verdict(len(result.tokens[0]), match), *checked.checks]
 
 
-def _port_verdict(got: list[int], ref: dict) -> Check:
-    from neuron_port.checks.oracle import first_divergence
-
-    div = first_divergence(got, ref["tokens"], ref["logits"])
+def _port_verdict(new_tokens: int, match: TokenMatch) -> Check:
+    div = match.divergence
     if div is None:
-        return Check("port", "pass", f"{len(got)} greedy tokens equal Hugging Face generate on CPU")
-    kind = div["kind"] if div["kind"] != "length differs" else "length"
+        return Check("port", "pass", f"{new_tokens} greedy tokens equal Hugging Face generate on CPU")
+    kind = div.kind if div.kind != "length differs" else "length"
     return Check(
         "port",
         "fail",
-        f"first divergence at token {div['index']} ({kind})",
+        f"first divergence at token {div.index} ({kind})",
         "the reference is transformers' own from_pretrained and the earlier checks passed: suspect the "
         "port/graphs or the runtime",
     )
@@ -257,7 +255,8 @@ def run_doctor(directory: str | Path, tokens: int = 8) -> list[Check]:
 
 def report(checks: list[Check]) -> dict[str, Any]:
     failed = [c for c in checks if c.status == "fail"]
-    return {"ok": not failed, "first_failure": failed[0].name if failed else None, "checks": as_json(checks)}
+    return {"ok": not failed, "first_failure": failed[0].name if failed else None,
+            "checks": [check.to_json() for check in checks]}
 
 
 def format_doctor_report(checks: list[Check]) -> str:

@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from neuron_port.artifacts.manifest import weights_fingerprint
+from neuron_port.checks.checked_run import Divergence, ReferenceRun, TokenMatch
 from neuron_port.errors import GoldenMismatchError
 
 
@@ -35,7 +36,8 @@ def _state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 # ---- reference ---------------------------------------------------------------------------------
 @torch.no_grad()
-def reference_generate(model: nn.Module, prompt: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int] = ()) -> dict:
+def reference_generate(model: nn.Module, prompt: Sequence[int], max_new_tokens: int,
+                       stop_ids: Sequence[int] = ()) -> ReferenceRun:
     """Hugging Face ``generate`` (greedy, default cache): new tokens and the logits of every step."""
     from neuron_port.families import family_of
 
@@ -50,7 +52,7 @@ def reference_generate(model: nn.Module, prompt: Sequence[int], max_new_tokens: 
         output_logits=True,
         return_dict_in_generate=True,
     )
-    return {"tokens": out.sequences[0, len(prompt):].tolist(), "logits": [step[0] for step in out.logits]}
+    return ReferenceRun(out.sequences[0, len(prompt):].tolist(), [step[0] for step in out.logits])
 
 
 @torch.no_grad()
@@ -93,15 +95,6 @@ def logit_metrics(got: torch.Tensor, want: torch.Tensor, top_ks: Sequence[int] =
     }
 
 
-@dataclass
-class Divergence:
-    index: int
-    port_token: int
-    reference_token: int
-    reference_top2_gap: float
-    kind: str  # "near_tie" | "error"
-
-
 def classify_divergence(index: int, port_token: int, reference_logits: torch.Tensor, near_tie_tol: float = 1e-2) -> Divergence:
     """At the first divergent step: a near-tie when the reference's top-2 logits are within the tolerance
     and the port chose one of them; otherwise an error."""
@@ -109,19 +102,25 @@ def classify_divergence(index: int, port_token: int, reference_logits: torch.Ten
     gap = float(top.values[0] - top.values[1])
     ref_token = int(top.indices[0])
     near = gap <= near_tie_tol and port_token in top.indices.tolist()
-    return Divergence(index, int(port_token), ref_token, gap, "near_tie" if near else "error")
+    return Divergence(index, "near_tie" if near else "error", int(port_token), ref_token, gap)
 
 
-def first_divergence(tokens: Sequence[int], reference: Sequence[int], reference_logits: Sequence[torch.Tensor]) -> dict | None:
+def first_divergence(tokens: Sequence[int], reference: Sequence[int],
+                     reference_logits: Sequence[torch.Tensor]) -> Divergence | None:
     """The port's first departure from the reference, classified (near-tie or error); None when
-    the sequences match. JSON-able."""
+    the sequences match."""
     cmp = compare_tokens(tokens, reference)
     if cmp.match:
         return None
     i = cmp.first_divergence
     if i < len(tokens) and i < len(reference_logits):
-        return asdict(classify_divergence(i, tokens[i], reference_logits[i]))
-    return {"index": i, "kind": "length differs"}
+        return classify_divergence(i, tokens[i], reference_logits[i])
+    return Divergence(i, "length differs")
+
+
+def match_reference(tokens: Sequence[int], reference: ReferenceRun) -> TokenMatch:
+    """``tokens`` against the reference run's: equal, or the first divergence classified."""
+    return TokenMatch(list(reference.tokens), first_divergence(tokens, reference.tokens, reference.logits))
 
 
 # ---- goldens -----------------------------------------------------------------------------------
@@ -158,7 +157,7 @@ def make_golden(model: nn.Module, prompt: Sequence[int], max_new_tokens: int,
     """
     ref = reference_generate(model, prompt, max_new_tokens)
     state = dict(checkpoint) if checkpoint is not None else _state(model)
-    return Golden(list(prompt), ref["tokens"], torch.stack(ref["logits"]), weights_fingerprint(state), sorted(state))
+    return Golden(list(prompt), ref.tokens, torch.stack(ref.logits), weights_fingerprint(state), sorted(state))
 
 
 def check_golden_matches(golden: Golden, model: nn.Module) -> None:
@@ -197,7 +196,7 @@ def compare_with_golden(golden: Golden, model: nn.Module, port_tokens: Sequence[
         and tokens.first_divergence < len(port_tokens)
     ):
         i = tokens.first_divergence
-        out["divergence"] = asdict(classify_divergence(i, port_tokens[i], golden.logits[i]))
+        out["divergence"] = classify_divergence(i, port_tokens[i], golden.logits[i]).to_json()
     return out
 
 
@@ -207,9 +206,9 @@ __all__ = [
     "TokenComparison",
     "compare_tokens",
     "logit_metrics",
-    "Divergence",
     "classify_divergence",
     "first_divergence",
+    "match_reference",
     "Golden",
     "make_golden",
     "check_golden_matches",

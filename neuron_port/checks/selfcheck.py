@@ -17,14 +17,15 @@ Each returns a :class:`Check` that passes or fails with the fix; ``neuron-port p
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from neuron_port.backends.registry import backend_spec
 from neuron_port.checks.check import Check
+from neuron_port.checks.checked_run import LogitReport
 from neuron_port.checks.oracle import teacher_forced_logits
 from neuron_port.families import family_of
 from neuron_port.generation.logits import softcap as apply_softcap
@@ -164,14 +165,14 @@ def check_attention(model: nn.Module, setup: RankSetup, shape: PortShape) -> Che
 
 
 def check_logits(port_logits: Sequence[torch.Tensor], reference_logits: Sequence[torch.Tensor], cap: float | None,
-                 tolerance: float = LOGIT_TOLERANCE) -> tuple[Check, dict]:
+                 tolerance: float = LOGIT_TOLERANCE) -> tuple[Check, LogitReport | None]:
     """Every step's raw port logits, softcapped on the host, against Hugging Face's (``[vocab]`` each).
 
     The error of a step is ``max |port - reference| / max |reference|``; a NaN or an infinity in
     the port's logits fails the step (and is reported as such, never as a number)."""
     steps = min(len(port_logits), len(reference_logits))
     if steps == 0:
-        return Check("logits", "skip", "no steps to compare"), {}
+        return Check("logits", "skip", "no steps to compare"), None
     raw = torch.stack([torch.as_tensor(step).reshape(-1) for step in port_logits[:steps]]).double()
     ours = apply_softcap(raw, cap)
     theirs = torch.stack([torch.as_tensor(step).reshape(-1) for step in reference_logits[:steps]]).double()
@@ -180,8 +181,7 @@ def check_logits(port_logits: Sequence[torch.Tensor], reference_logits: Sequence
     per_step = torch.where(broken, torch.full_like(per_step, float("inf")), per_step)
     worst = int(per_step.argmax())
     finite_max = float(per_step[~broken].max()) if bool((~broken).any()) else None
-    report = {"steps": steps, "max_relative_error": finite_max, "worst_step": worst, "tolerance": tolerance,
-              "non_finite_steps": broken.nonzero().flatten().tolist()}
+    report = LogitReport(steps, finite_max, worst, tolerance, broken.nonzero().flatten().tolist())
     if bool(broken.any()):
         return Check("logits", "fail", f"step {worst}: the port's logits hold NaN or infinite values "
                                        f"({int(broken.sum())} of {steps} steps)",
@@ -199,14 +199,15 @@ def check_logits(port_logits: Sequence[torch.Tensor], reference_logits: Sequence
 
 @torch.no_grad()
 def check_step_logits(model: nn.Module, prompt: Sequence[int], tokens: Sequence[int],
-                      step_logits: Sequence[torch.Tensor], tolerance: float = LOGIT_TOLERANCE) -> tuple[Check, dict]:
+                      step_logits: Sequence[torch.Tensor],
+                      tolerance: float = LOGIT_TOLERANCE) -> tuple[Check, LogitReport | None]:
     """The port's raw logits of every step (row 0 of each ``[batch, vocab]``) against Hugging Face's
     forward over the same prompt and the port's own tokens (teacher-forced: one forward, no drift
     after a divergence), each step after the adapter's softcap."""
     family = family_of(model)
     steps = min(len(tokens), len(step_logits))
     if steps == 0:
-        return Check("logits", "skip", "no steps to compare"), {}
+        return Check("logits", "skip", "no steps to compare"), None
     reference = teacher_forced_logits(model, list(prompt) + list(tokens[: steps - 1]))[len(prompt) - 1:].float()
     ours = [torch.as_tensor(step).reshape(-1, reference.shape[-1])[0] for step in step_logits[:steps]]
     return check_logits(ours, list(reference), family.softcap(family.text_config_of(model)), tolerance)
@@ -234,7 +235,8 @@ def quant_tolerance_for(quant: str) -> float:
 
 @torch.no_grad()
 def check_quant_drift(float_model: nn.Module, prompt: Sequence[int], tokens: Sequence[int],
-                      step_logits: Sequence[torch.Tensor], quant: str, judged: bool = True) -> tuple[Check, dict]:
+                      step_logits: Sequence[torch.Tensor], quant: str,
+                      judged: bool = True) -> tuple[Check, LogitReport | None]:
     """A quantized port's raw logits of every step against the unquantized ``float_model``
     (teacher-forced on the port's tokens, as :func:`check_step_logits`), within the scheme's measured
     bound: what the quantization costs, where the ``logits`` check (against the same model quantized)
@@ -244,9 +246,9 @@ def check_quant_drift(float_model: nn.Module, prompt: Sequence[int], tokens: Seq
     measured on real checkpoints; random weights, whose logits are nearly flat, drift by a larger
     share of their largest logit and say nothing about a real model."""
     check, report = check_step_logits(float_model, prompt, tokens, step_logits, quant_tolerance_for(quant))
-    report["quant"] = quant
-    if not judged and check.status != "skip":
-        worst = report.get("max_relative_error")
+    report = replace(report, quant=quant) if report is not None else None
+    if not judged and report is not None:
+        worst = report.max_relative_error
         return Check("quant-drift", "skip", f"{quant} against the float32 model: worst step "
                                             f"{'non-finite' if worst is None else f'{worst:.3g}'} of the largest logit, "
                                             "not judged on random weights (the bound is measured on real checkpoints)"), report
@@ -266,24 +268,6 @@ def tokens_must_match(backend: str, dtype: str | torch.dtype) -> bool:
     return logit_tolerance_for(backend, dtype) == LOGIT_TOLERANCE
 
 
-def checked_run_passed(out: dict[str, Any]) -> bool:
-    """The verdict of a checked run's fields: the self-checks passed, and the tokens matched where
-    ``tokens_must_match`` (default True) requires it."""
-    tokens_ok = out.get("seq_match", True) or not out.get("tokens_must_match", True)
-    return bool(tokens_ok and out.get("self_checks_passed", True))
-
-
-def as_json(checks: Sequence[Check]) -> list[dict]:
-    return [check.to_json() for check in checks]
-
-
-def result_fields(checks: Sequence[Check], logit_report: dict) -> dict[str, Any]:
-    """The fields a checked run reports: ``self_checks`` (JSON), ``logit_check`` (the logit
-    report) and ``self_checks_passed`` (no check failed; a skip is not a failure)."""
-    return {"self_checks": as_json(checks), "logit_check": logit_report,
-            "self_checks_passed": all(check.status != "fail" for check in checks)}
-
-
 def check_loader(model: nn.Module, reference: nn.Module) -> Check:
     """The model the port was built over against Hugging Face's ``from_pretrained`` of the same
     directory: every parameter and buffer (:func:`neuron_port.checks.loader_check.loader_mismatches`)."""
@@ -301,7 +285,7 @@ def check_loader(model: nn.Module, reference: nn.Module) -> Check:
 def model_self_checks(model: nn.Module, setup: RankSetup, shape: PortShape, prompt: Sequence[int],
                       tokens: Sequence[int], step_logits: Sequence[torch.Tensor],
                       tolerance: float = LOGIT_TOLERANCE, reference: nn.Module | None = None,
-                      with_loader: bool = True) -> tuple[list[Check], dict]:
+                      with_loader: bool = True) -> tuple[list[Check], LogitReport | None]:
     """The checks on a port built over ``model`` (``tokens`` and ``step_logits``: row 0 of its run
     on ``prompt``): embeddings (the port's host tables against the reference's own modules),
     attention on every rank of ``setup``, step logits against the reference, and, when
@@ -330,7 +314,4 @@ __all__ = [
     "check_loader",
     "model_self_checks",
     "tokens_must_match",
-    "checked_run_passed",
-    "as_json",
-    "result_fields",
 ]

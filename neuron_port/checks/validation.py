@@ -1,9 +1,10 @@
 """Checking a port against Hugging Face, in this process or in a fresh one.
 
 :func:`artifact_run_report` is what generating from an artifact directory alone reports;
-:func:`compare_with_reference` adds Hugging Face ``generate`` on the same checkpoint (tokens, first
-divergence classified); :func:`check_artifact` is both. :func:`check_in_fresh_process` runs :func:`check_artifact` in a
-new Python interpreter — the artifact loaded exactly as a server loads it, nothing inherited
+:func:`artifact_self_checks` checks such a run (a :class:`~neuron_port.checks.checked_run.CheckedRun`);
+:func:`compare_with_reference` matches tokens against Hugging Face ``generate`` on the same checkpoint
+(first divergence classified); :func:`check_artifact` is all of it. :func:`check_in_fresh_process`
+runs :func:`check_artifact` in a new Python interpreter — the artifact loaded exactly as a server loads it, nothing inherited
 from this process — and returns its result as data (the child writes it to a file; no command
 output is parsed).
 """
@@ -22,7 +23,9 @@ from torch import nn
 
 from neuron_port.artifacts.manifest import verify
 from neuron_port.artifacts.record import Manifest
-from neuron_port.checks.oracle import first_divergence, reference_generate
+from neuron_port.checks.check import Check
+from neuron_port.checks.checked_run import CheckedRun, TokenMatch
+from neuron_port.checks.oracle import match_reference, reference_generate
 from neuron_port.checks.reference import reference_model, unquantized_reference_model
 from neuron_port.errors import ArtifactError
 from neuron_port.families import family_for
@@ -41,10 +44,8 @@ def artifact_prompt(directory: str | Path, prompt_len: int, seed: int = 0) -> li
 
 def artifact_run_report(directory: str | Path, manifest: Manifest, prompt: Sequence[int],
                         result: GenerationResult) -> dict[str, Any]:
-    """Row 0 of a generation from the artifact, as ``neuron-port generate --json`` reports it
-    (when the request kept logits: every step's raw logits under ``"step_logits"``, tensors, not JSON)."""
-    extra = {"step_logits": result.step_logits} if result.step_logits else {}
-    return {**extra,
+    """Row 0 of a generation from the artifact: the JSON fields ``neuron-port generate --json`` prints."""
+    return {
         "artifact": str(Path(directory).resolve()),
         "backend": manifest.backend,
         "tp": manifest.tp,
@@ -58,69 +59,64 @@ def artifact_run_report(directory: str | Path, manifest: Manifest, prompt: Seque
     }
 
 
-def compare_with_reference(out: dict[str, Any], reference: nn.Module, prompt: Sequence[int], max_new_tokens: int,
-                           stop_ids: Sequence[int] = ()) -> dict[str, Any]:
-    """``out`` (with ``tokens``) plus ``reference_tokens``, ``divergence`` and ``seq_match`` against
-    Hugging Face ``generate`` on ``reference``."""
-    ref = reference_generate(reference, list(prompt), max_new_tokens, list(stop_ids))
-    return {**out, "reference_tokens": ref["tokens"],
-            "divergence": first_divergence(out["tokens"], ref["tokens"], ref["logits"]),
-            "seq_match": out["tokens"] == ref["tokens"]}
+def compare_with_reference(tokens: Sequence[int], reference: nn.Module, prompt: Sequence[int], max_new_tokens: int,
+                           stop_ids: Sequence[int] = ()) -> TokenMatch:
+    """``tokens`` against Hugging Face ``generate`` on ``reference`` from ``prompt``."""
+    return match_reference(tokens, reference_generate(reference, list(prompt), max_new_tokens, list(stop_ids)))
 
 
 def artifact_self_checks(directory: str | Path, manifest: Manifest, reference: nn.Module, prompt: Sequence[int],
-                         out: dict[str, Any]) -> dict[str, Any]:
-    """The self-checks an artifact allows, against the checkpoint it was built from: its host
-    embedding files, and every step's logits (``out["step_logits"]``, removed from ``out``) after
-    the softcap. Adds ``self_checks``, ``logit_check`` and ``self_checks_passed`` to ``out``."""
-    from neuron_port.checks.check import Check
+                         result: GenerationResult) -> CheckedRun:
+    """The self-checks an artifact allows on row 0 of ``result`` (a run that kept its logits), against
+    the checkpoint it was built from: its host embedding files, and every step's logits after the
+    softcap; a quantized artifact's drift from the float32 model besides. The run's JSON fields are
+    :func:`artifact_run_report`'s."""
     from neuron_port.checks.selfcheck import (
         check_embeddings,
         check_quant_drift,
         check_step_logits,
         logit_tolerance_for,
-        result_fields,
         tokens_must_match,
     )
     from neuron_port.graph.embedding import load_host_embeddings
 
-    step_logits = out.pop("step_logits", [])
+    tokens = result.tokens[0]
     tolerance = logit_tolerance_for(manifest.backend, manifest.dtype)
-    logits, report = check_step_logits(reference, prompt, out["tokens"], step_logits, tolerance)
+    logits, report = check_step_logits(reference, prompt, tokens, result.step_logits, tolerance)
     config = load_config(Path(directory) / "config.json")
-    checks = [check_embeddings(reference, load_host_embeddings(directory, config)),
-              Check("attention", "skip", "compiled graphs run no Python: the attention check runs on a model"), logits]
+    checked = CheckedRun(run=artifact_run_report(directory, manifest, prompt, result),
+                         checks=[check_embeddings(reference, load_host_embeddings(directory, config)),
+                                 Check("attention", "skip", "compiled graphs run no Python: the attention check runs on "
+                                                            "a model"), logits],
+                         logits=report, tokens_must_match=tokens_must_match(manifest.backend, manifest.dtype))
     quant = manifest.source.quant
-    drift = {}
     if quant != "none":  # what the quantization costs: the same steps against the float32 model it came from
-        check, drift = check_quant_drift(unquantized_reference_model(manifest), prompt, out["tokens"], step_logits, quant,
-                                         judged=manifest.source.is_checkpoint)
-        checks.append(check)
-    fields = result_fields(checks, report)
-    if drift:
-        fields["quant_check"] = drift
-    return {**out, **fields, "tokens_must_match": tokens_must_match(manifest.backend, manifest.dtype)}
+        check, checked.quant = check_quant_drift(unquantized_reference_model(manifest), prompt, tokens,
+                                                 result.step_logits, quant, judged=manifest.source.is_checkpoint)
+        checked.checks.append(check)
+    return checked
 
 
 def check_artifact(directory: str | Path, prompt_len: int = 24, max_new_tokens: int = 32,
-                   prompt: Sequence[int] | None = None, stop_ids: Sequence[int] = (), seed: int = 0) -> dict[str, Any]:
+                   prompt: Sequence[int] | None = None, stop_ids: Sequence[int] = (), seed: int = 0) -> CheckedRun:
     """Generate from the artifact and compare with Hugging Face on the artifact's own checkpoint
     (rebuilt from the manifest's source and proven by its weights fingerprint): tokens, and the
     self-checks (:func:`artifact_self_checks`)."""
     manifest = verify(directory)
     prompt = list(prompt) if prompt is not None else artifact_prompt(directory, prompt_len, seed)
     request = GenerationRequest.greedy([prompt], max_new_tokens, stop_ids, keep_logits=True)
-    out = artifact_run_report(directory, manifest, prompt, generate(directory, request, manifest=manifest))
+    result = generate(directory, request, manifest=manifest)
     reference = reference_model(manifest)
-    out = artifact_self_checks(directory, manifest, reference, prompt, out)
-    return compare_with_reference(out, reference, prompt, max_new_tokens, stop_ids)
+    checked = artifact_self_checks(directory, manifest, reference, prompt, result)
+    checked.match = compare_with_reference(result.tokens[0], reference, prompt, max_new_tokens, stop_ids)
+    return checked
 
 
 def _fresh_main(request_path: str, result_path: str) -> None:
     """The child's side of :func:`check_in_fresh_process`: run the check, write the result or the error."""
     request = json.loads(Path(request_path).read_text())
     try:
-        result = {"ok": True, "result": check_artifact(**request)}
+        result = {"ok": True, "result": check_artifact(**request).to_json()}
     except Exception as exc:  # noqa: BLE001 - handed back to the parent with its type
         result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     Path(result_path).write_text(json.dumps(result))
@@ -128,12 +124,12 @@ def _fresh_main(request_path: str, result_path: str) -> None:
 
 def check_in_fresh_process(directory: str | Path, prompt_len: int = 24, max_new_tokens: int = 32,
                            timeout_s: float = 900, prompt: Sequence[int] | None = None,
-                           stop_ids: Sequence[int] = ()) -> dict[str, Any]:
+                           stop_ids: Sequence[int] = ()) -> CheckedRun:
     """:func:`check_artifact` in a new Python process, from the directory alone (``prompt``: ids
     to use instead of a random prompt of ``prompt_len``; ``stop_ids``: end-of-sequence ids).
 
-    Returns its result (``seq_match``, ``tokens``, ``reference_tokens``, ``decode_tok_per_s``,
-    ...). Raises ArtifactError with the child's message if it failed."""
+    Returns its result, read back from the JSON the child wrote. Raises ArtifactError with the
+    child's message if it failed."""
     request = {"directory": str(Path(directory).resolve()), "prompt_len": prompt_len, "max_new_tokens": max_new_tokens,
                "prompt": list(prompt) if prompt is not None else None, "stop_ids": list(stop_ids)}
     with tempfile.TemporaryDirectory(prefix="neuron_port_check_") as tmp:
@@ -147,7 +143,7 @@ def check_in_fresh_process(directory: str | Path, prompt_len: int = 24, max_new_
         answer = json.loads(result_path.read_text())
     if not answer["ok"]:
         raise ArtifactError(f"fresh-process check failed: {answer['error']}")
-    return answer["result"]
+    return CheckedRun.from_json(answer["result"])
 
 
 __all__ = ["artifact_prompt", "artifact_run_report", "compare_with_reference", "artifact_self_checks", "check_artifact",

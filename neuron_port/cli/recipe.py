@@ -10,7 +10,10 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from neuron_port.checks.checked_run import CheckedRun
 
 
 def recipe_parser(description: str, tp: int | None = None) -> argparse.ArgumentParser:
@@ -84,18 +87,19 @@ def load_checked(name: str, model_dir: str | None, dtype: str = "fp32", quant: s
     return model, source
 
 
-def validate_and_report(artifact: str | Path, prompt_len: int, max_new_tokens: int) -> dict[str, Any]:
+def validate_and_report(artifact: str | Path, prompt_len: int, max_new_tokens: int) -> CheckedRun:
     """Reload the artifact in a fresh process, compare with Hugging Face on CPU, print ``SEQ_MATCH``."""
     from neuron_port.checks.validation import check_in_fresh_process
 
-    result = check_in_fresh_process(artifact, prompt_len, max_new_tokens)
-    print(f"[reload] a fresh process loaded {result['artifact']} (backend {result['backend']}, tp {result['tp']})")
-    print(f"[check] {result['new_tokens']} tokens against Hugging Face generate; this run decoded "
-          f"{result['decode_tok_per_s']} tok/s on the {result['backend']} backend")
-    for check in result.get("self_checks", []):
-        print(f"[self-check] {check['name']}: {check['status']}, {check['detail']}")
-    print(f"SEQ_MATCH {result['seq_match']}")
-    return result
+    checked = check_in_fresh_process(artifact, prompt_len, max_new_tokens)
+    run = checked.run
+    print(f"[reload] a fresh process loaded {run['artifact']} (backend {run['backend']}, tp {run['tp']})")
+    print(f"[check] {run['new_tokens']} tokens against Hugging Face generate; this run decoded "
+          f"{run['decode_tok_per_s']} tok/s on the {run['backend']} backend")
+    for check in checked.checks:
+        print(f"[self-check] {check.name}: {check.status}, {check.detail}")
+    print(f"SEQ_MATCH {checked.seq_match}")
+    return checked
 
 
 def artifact_dir(args: argparse.Namespace, prefix: str) -> Path:
@@ -108,12 +112,10 @@ def artifact_dir(args: argparse.Namespace, prefix: str) -> Path:
 def validate_then_serve(artifact: str | Path, args: argparse.Namespace) -> int:
     """The last steps of every recipe: the fresh-process check (prints ``SEQ_MATCH``), then the
     server if ``--serve`` was given. Returns the recipe's exit code (0 when the tokens match)."""
-    result = validate_and_report(artifact, args.prompt_len, args.max_new_tokens)
+    checked = validate_and_report(artifact, args.prompt_len, args.max_new_tokens)
     if args.serve:
         serve_artifact(artifact)
-    from neuron_port.checks.selfcheck import checked_run_passed
-
-    return 0 if checked_run_passed(result) else 1
+    return 0 if checked.passed else 1
 
 
 def check_on_xla(model: Any, setup: Any, shape: Any, args: argparse.Namespace) -> int:
@@ -128,11 +130,11 @@ def check_on_xla(model: Any, setup: Any, shape: Any, args: argparse.Namespace) -
     family = setup.layout.family
     prompt = random_prompt(setup.layout.vocab_size, args.prompt_len, bos=family.special_ids(family.text_config_of(model)).bos)
     got = generate(model, GenerationRequest.greedy([prompt], args.max_new_tokens), shape=shape, setup=setup, backend="xla")
-    result = compare_with_reference({"tokens": got.tokens[0]}, model, prompt, args.max_new_tokens)
+    match = compare_with_reference(got.tokens[0], model, prompt, args.max_new_tokens)
     lowering = lowering_result(setup.layout.model_type, setup.tp, got.lowering)
     print("\n".join(f"[xla] {line}" for line in format_lowering(lowering).splitlines()))
-    print(f"SEQ_MATCH {result['seq_match']}")
-    return 0 if result["seq_match"] else 1
+    print(f"SEQ_MATCH {match.seq_match}")
+    return 0 if match.seq_match else 1
 
 
 def serve_artifact(artifact: str | Path, host: str = "127.0.0.1", port: int = 8000) -> None:

@@ -68,4 +68,4 @@ def test_a_straddling_tp2_artifact_traces_its_gathers_and_all_reduce(tmp_path):
     write_artifact(tmp_path / "art", model, Source.directory(str(tmp_path / "model")), setup, PortShape(32, 64))
     got = generate(tmp_path / "art", GenerationRequest.greedy([PROMPT], 16))
     assert len(got.per_rank_kv_cache_bytes) == 2 and not got.rank_disagreement
-    assert got.tokens[0] == reference_generate(model, PROMPT, 16)["tokens"]
+    assert got.tokens[0] == reference_generate(model, PROMPT, 16).tokens

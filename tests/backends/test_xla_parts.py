@@ -94,7 +94,7 @@ def test_spmd_model_is_the_same_model_and_its_even_slices_are_the_ranks(name, tp
     # the same function: eager graphs over the spread model (on one CPU) give Hugging Face's tokens
     prompt = [2] + list(range(20, 40))
     port = Port.over_model(spread, PortShape([32], [64]), setup.layout, kv_heads)
-    assert generate(port, GenerationRequest.greedy([prompt], 12)).tokens[0] == reference_generate(model, prompt, 12)["tokens"]
+    assert generate(port, GenerationRequest.greedy([prompt], 12)).tokens[0] == reference_generate(model, prompt, 12).tokens
     # device r's even slice of every split weight is rank r's shard
     splits = list(weight_splits(spread, setup))
     assert {spec for _, spec in splits} <= {COLUMN, ROW, ("tp",)}
@@ -129,7 +129,7 @@ def test_spmd_layout_carries_biases_of_the_split_projections():
     spread, kv_heads = spmd_model(model, setup)
     prompt = [2] + list(range(20, 40))
     port = Port.over_model(spread, PortShape([32], [64]), setup.layout, kv_heads)
-    assert generate(port, GenerationRequest.greedy([prompt], 10)).tokens[0] == reference_generate(model, prompt, 10)["tokens"]
+    assert generate(port, GenerationRequest.greedy([prompt], 10)).tokens[0] == reference_generate(model, prompt, 10).tokens
     names = {id(p): n for n, p in spread.named_parameters()}
     biases = [(t, spec) for t, spec in weight_splits(spread, setup) if t.dim() == 1]
     assert biases and all(spec == ("tp",) for _, spec in biases)
@@ -166,7 +166,7 @@ def test_spmd_layout_of_an_int8_model_splits_scales_with_their_rows():
     spread, kv_heads = spmd_model(model, setup)
     prompt = [2] + list(range(20, 40))
     port = Port.over_model(spread, PortShape([32], [64]), setup.layout, kv_heads)
-    assert generate(port, GenerationRequest.greedy([prompt], 10)).tokens[0] == reference_generate(model, prompt, 10)["tokens"]
+    assert generate(port, GenerationRequest.greedy([prompt], 10)).tokens[0] == reference_generate(model, prompt, 10).tokens
     splits = list(weight_splits(spread, setup))
     names = {id(t): n for n, t in [*spread.named_parameters(), *spread.named_buffers()]}
     scales = {n for t, _ in splits if (n := names[id(t)]).endswith(".scale")}

@@ -88,7 +88,7 @@ def test_a_config_copy_is_caught_where_tokens_match_by_luck(monkeypatch):
     assert "stopped" not in check.detail
     prompt = [2] + list(range(7, 30))
     got = generate(model, GenerationRequest.greedy([prompt], 12), shape=PortShape(32, 64), tp=2, mode="threads")
-    assert got.tokens[0] == reference_generate(model, prompt, 12)["tokens"]  # what tokens alone would say
+    assert got.tokens[0] == reference_generate(model, prompt, 12).tokens  # what tokens alone would say
 
 
 def test_a_run_that_stops_names_the_layers_it_never_reached(monkeypatch):
@@ -111,7 +111,7 @@ def test_a_forgotten_softcap_is_a_logit_failure_with_the_same_argmax():
     assert all(int(r.argmax()) == int(c.argmax()) for r, c in zip(raw, capped, strict=True))
     assert check_logits(raw, capped, 30.0)[0].status == "pass"
     check, report = check_logits(raw, capped, None)
-    assert check.status == "fail" and "softcap" in check.fix and report["max_relative_error"] > 0.1
+    assert check.status == "fail" and "softcap" in check.fix and report.max_relative_error > 0.1
 
 
 @settings(max_examples=30, deadline=None, derandomize=True)
@@ -126,7 +126,7 @@ def test_logit_tolerance_is_relative_to_the_largest_logit(scale, step, sign):
     big = [r.clone() for r in reference]
     big[step][3] += sign * (1.5 + scale) * LOGIT_TOLERANCE * largest
     check, report = check_logits(big, reference, None)
-    assert check.status == "fail" and report["worst_step"] == step and f"step {step}" in check.detail
+    assert check.status == "fail" and report.worst_step == step and f"step {step}" in check.detail
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
@@ -137,8 +137,8 @@ def test_non_finite_logits_fail_and_the_report_stays_json(bad):
     ours = [r.clone() for r in reference]
     ours[1][5] = bad
     check, report = check_logits(ours, reference, 30.0)
-    assert check.status == "fail" and "NaN or infinite" in check.detail and report["non_finite_steps"] == [1]
-    json.loads(json.dumps(report, allow_nan=False))
+    assert check.status == "fail" and "NaN or infinite" in check.detail and report.non_finite_steps == [1]
+    json.loads(json.dumps(report.to_json(), allow_nan=False))
     embeddings = HostEmbeddings.from_model(build_model(load_config("llama", tiny=True), seed=0))
     model = build_model(load_config("llama", tiny=True), seed=0)
     embeddings.word = embeddings.word.clone()

@@ -26,13 +26,18 @@ def test_the_artifact_goes_under_out_or_a_fresh_temporary_directory(tmp_path):
 
 
 def test_a_recipe_fails_when_its_checked_run_does(monkeypatch, capsys):
-    run = {"artifact": "a", "backend": "cpu", "tp": 1, "new_tokens": 8, "decode_tok_per_s": 1.0, "seq_match": True,
-           "self_checks": [{"name": "logits", "status": "passed", "detail": "max 1e-6"}]}
+    from neuron_port.checks.check import Check
+    from neuron_port.checks.checked_run import CheckedRun, Divergence, TokenMatch
+
+    run = CheckedRun(run={"artifact": "a", "backend": "cpu", "tp": 1, "new_tokens": 8, "decode_tok_per_s": 1.0},
+                     checks=[Check("logits", "pass", "max 1e-6")], match=TokenMatch([1, 2], None))
     monkeypatch.setattr("neuron_port.checks.validation.check_in_fresh_process", lambda *a: run)
     args = argparse.Namespace(prompt_len=24, max_new_tokens=8, serve=False)
     assert recipe.validate_then_serve("a", args) == 0
     assert "SEQ_MATCH True" in capsys.readouterr().out
-    run["seq_match"] = False
+    run.match = TokenMatch([1, 2], Divergence(1, "error", 3, 2, 0.5))
+    assert recipe.validate_then_serve("a", args) == 1
+    run.match, run.checks = TokenMatch([1, 2], None), [Check("logits", "fail", "step 0 off")]
     assert recipe.validate_then_serve("a", args) == 1
 
 

@@ -27,7 +27,7 @@ def test_tp4_threads_match_hf_with_fewer_kv_heads_than_ranks(name):
     model = build_model(load_config(name, tiny=True), seed=3)
     ref = reference_generate(model, PROMPT, 32)
     got = generate(model, GenerationRequest.greedy([PROMPT], 32), shape=PortShape([32], 128), tp=4, mode="threads")
-    assert got.tokens[0] == ref["tokens"]
+    assert got.tokens[0] == ref.tokens
 
 
 def test_qwen3_sliding_layers_use_rings_and_match_hf():
@@ -43,7 +43,7 @@ def test_qwen3_sliding_layers_use_rings_and_match_hf():
     ref = reference_generate(model, PROMPT, 40)
     for tp in (1, 2):
         got = generate(model, GenerationRequest.greedy([PROMPT], 40), shape=PortShape([32], 128), tp=tp, mode="threads")
-        assert got.tokens[0] == ref["tokens"], f"tp {tp}"
+        assert got.tokens[0] == ref.tokens, f"tp {tp}"
 
 
 def test_untied_llama_round_trips_through_a_model_dir(tmp_path):
@@ -59,7 +59,7 @@ def test_untied_llama_round_trips_through_a_model_dir(tmp_path):
     assert torch.equal(model(ids).logits, loaded(ids).logits)
     ref = reference_generate(loaded, PROMPT, 24)
     got = generate(loaded, GenerationRequest.greedy([PROMPT], 24), shape=PortShape([32], 64), tp=2)  # gloo ranks load the dir
-    assert got.tokens[0] == ref["tokens"]
+    assert got.tokens[0] == ref.tokens
 
 
 def test_a_mask_in_the_wrong_form_fails_loudly(monkeypatch):

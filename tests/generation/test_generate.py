@@ -91,7 +91,7 @@ def test_stop_token_ids(tiny_e2b):
 
 def test_decode_by_kv_length_reads_short_stores_and_matches_hf(tiny_e2b):
     prompt = _prompt(20)
-    ref = reference_generate(tiny_e2b, prompt, 40, [])["tokens"]
+    ref = reference_generate(tiny_e2b, prompt, 40, []).tokens
     # window 8 < 32: rings at both lengths; 20 + 40 positions outgrow 32: the steps move to the 64 graph
     grown = _one(_port(tiny_e2b, buckets=(24,), kv_lens=(32, 64)), prompt, GenerationParams(40))
     assert grown.tokens[0] == ref and grown.kv_len == 64
@@ -99,7 +99,7 @@ def test_decode_by_kv_length_reads_short_stores_and_matches_hf(tiny_e2b):
     assert grown.step_kv_lens == [32] * (32 - 20) + [64] * (40 - 1 - (32 - 20))
     # KV length 8 == window: sliding owners use full-length buffers, then become rings at 32
     port = _port(tiny_e2b, buckets=(8,), kv_lens=(8, 32))
-    assert _one(port, prompt[:6], GenerationParams(20)).tokens[0] == reference_generate(tiny_e2b, prompt[:6], 20, [])["tokens"]
+    assert _one(port, prompt[:6], GenerationParams(20)).tokens[0] == reference_generate(tiny_e2b, prompt[:6], 20, []).tokens
 
 
 def test_a_full_store_stops_with_length_at_the_largest_kv_length(tiny_e2b):
@@ -122,7 +122,7 @@ def test_batch_rows_equal_solo_runs(tiny_e2b):
     for prompt, p, got in zip(prompts, params, batch.tokens, strict=True):
         solo = _one(port, prompt, p).tokens[0]
         assert got == solo
-        assert got == reference_generate(tiny_e2b, prompt, p.max_new_tokens, [])["tokens"]
+        assert got == reference_generate(tiny_e2b, prompt, p.max_new_tokens, []).tokens
 
 
 def test_port_stays_usable_outside_the_inference_mode_loop(tiny_e2b):

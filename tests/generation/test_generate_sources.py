@@ -22,7 +22,7 @@ PROMPT = [2, 17, 33, 5, 92, 41, 7, 300, 12, 58, 9, 77, 140, 3, 64, 211, 18, 25]
 # ---- one generate entry point ----------------------------------------------------------------
 def test_generate_gives_the_same_tokens_from_a_model_a_port_and_an_artifact(tiny_e2b, tmp_path):
     shape = PortShape(32, 64)
-    want = reference_generate(tiny_e2b, PROMPT, 12)["tokens"]
+    want = reference_generate(tiny_e2b, PROMPT, 12).tokens
     from_model = generate(tiny_e2b, GenerationRequest.greedy([PROMPT], 12), shape=shape)
     from_port = generate(Port.over_model(tiny_e2b, PortShape([32], [64])), GenerationRequest.greedy([PROMPT], 12))
     write_artifact(

@@ -45,9 +45,9 @@ def test_rows_leave_the_batch_when_they_finish_and_keep_their_own_logits(port, t
     cap = describe(tiny_e2b).softcap
     for row, prompt in enumerate(PROMPTS):
         ref = reference_generate(tiny_e2b, prompt, len(got.tokens[row]))
-        assert got.tokens[row] == ref["tokens"]
-        ours = softcap(torch.stack([step[row] for step in got.step_logits[: len(ref["logits"])]]), cap)
-        theirs = torch.stack(ref["logits"])
+        assert got.tokens[row] == ref.tokens
+        ours = softcap(torch.stack([step[row] for step in got.step_logits[: len(ref.logits)]]), cap)
+        theirs = torch.stack(ref.logits)
         assert (ours - theirs).abs().max() / theirs.abs().max() < 1e-4  # relative to the largest logit
 
 
@@ -103,9 +103,9 @@ def test_graphs_over_one_store_take_it_whole_and_match_hugging_face(tiny_e2b):
         note(batch.step())
     for owner, prompt in enumerate(PROMPTS):
         ref = reference_generate(tiny_e2b, prompt, params[owner].max_new_tokens)
-        assert tokens[owner] == ref["tokens"]
-        ours = softcap(torch.stack(logits[owner][: len(ref["logits"])]), cap)
-        theirs = torch.stack(ref["logits"])
+        assert tokens[owner] == ref.tokens
+        ours = softcap(torch.stack(logits[owner][: len(ref.logits)]), cap)
+        theirs = torch.stack(ref.logits)
         assert (ours - theirs).abs().max() / theirs.abs().max() < 1e-4  # relative to the largest logit
     widest = max(slot.slots for slot in port.stores.largest.slots)
     assert {kv for kv, _ in handed} == {16, 32} and {width for _, width in handed} == {widest}
@@ -135,8 +135,8 @@ def test_decode_by_occupancy_over_one_store_runs_the_row_graphs_on_the_whole_sto
     assert {g.rows for g in port.runners.decode_rows[1].values()} == {1}
     used = record_decode_rows(monkeypatch.setattr)
     alone = run_slot_schedule(port, [(0, PROMPTS[0], GenerationParams(20))], 2)[0]
-    assert alone == reference_generate(tiny_e2b, PROMPTS[0], 20)["tokens"] and set(used) == {1}
+    assert alone == reference_generate(tiny_e2b, PROMPTS[0], 20).tokens and set(used) == {1}
     used.clear()
     pair = run_slot_schedule(port, [(0, PROMPTS[0], GenerationParams(20)), (3, PROMPTS[1], GenerationParams(16))], 2)
-    assert [pair[0], pair[1]] == [reference_generate(tiny_e2b, p, n)["tokens"] for p, n in zip(PROMPTS, (20, 16), strict=True)]
+    assert [pair[0], pair[1]] == [reference_generate(tiny_e2b, p, n).tokens for p, n in zip(PROMPTS, (20, 16), strict=True)]
     assert set(used) == {1, 2}

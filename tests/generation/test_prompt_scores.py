@@ -59,9 +59,9 @@ def test_prompt_scores_are_hugging_faces_log_softmax_and_the_completion_is_uncha
         assert [t for t, _ in top] == torch.topk(want[position], 3).indices.tolist()
         assert max(abs(lp - float(want[position, t])) for t, lp in top) < TOLERANCE
     # the completion after a scored prompt is the one after a prefilled prompt, and Hugging Face's
-    reference = reference_generate(tiny_e2b, PROMPT, 6)["tokens"]
+    reference = reference_generate(tiny_e2b, PROMPT, 6).tokens
     assert [ev.token_id for ev in tokens] == [ev.token_id for ev in events["plain"]] == reference
-    assert [ev.token_id for ev in events["other"]] == reference_generate(tiny_e2b, [2, 5, 6, 7], 4)["tokens"]
+    assert [ev.token_id for ev in events["other"]] == reference_generate(tiny_e2b, [2, 5, 6, 7], 4).tokens
 
 
 def test_the_comparison_fails_when_the_scores_are_off_by_one_position(port, tiny_e2b):
@@ -85,7 +85,7 @@ def test_max_new_tokens_zero_scores_the_prompt_alone(port, tiny_e2b):
 def test_a_one_token_prompt_scores_nothing_and_then_generates(port, tiny_e2b):
     scores, *tokens = _events(port, [([2], GenerationParams(5, prompt_logprobs=2), "a")])["a"]
     assert scores.logprobs == () and scores.finish_reason is None
-    assert [ev.token_id for ev in tokens] == reference_generate(tiny_e2b, [2], 5)["tokens"]
+    assert [ev.token_id for ev in tokens] == reference_generate(tiny_e2b, [2], 5).tokens
 
 
 def test_scoring_is_the_servers_and_zero_new_tokens_needs_scoring(port):

@@ -50,7 +50,7 @@ def test_a_solo_run_is_hugging_face_generate(port):
     port, model = port
     prompt = [2] + list(range(40, 60))
     alone = run_slot_schedule(port, [(0, prompt, GenerationParams(20))], SLOTS)[0]
-    assert alone == reference_generate(model, prompt, 20)["tokens"]
+    assert alone == reference_generate(model, prompt, 20).tokens
 
 
 def test_a_failing_request_alone_ends(port, monkeypatch):
@@ -93,7 +93,7 @@ def test_compiled_graphs_take_their_own_batch_as_slots(port):
         SlotBatch(compiled, 3)
     prompt = [2, 9, 8, 7]
     got = _run_slots(compiled, 2, [(0, prompt, GenerationParams(6))])
-    assert got == reference_generate(model, prompt, 6)["tokens"]
+    assert got == reference_generate(model, prompt, 6).tokens
 
 
 def _run_slots(port, slots, schedule):
@@ -128,7 +128,7 @@ def test_compiled_slots_admit_while_others_decode_and_reuse_freed_slots(port):
     together = run_slot_schedule(compiled, schedule, SLOTS)
     for i, (_, prompt, params) in enumerate(schedule):
         assert together[i] == run_slot_schedule(compiled, [(0, prompt, params)], SLOTS)[0], f"request {i}"
-    assert together[0] == reference_generate(model, schedule[0][1], 10)["tokens"]
+    assert together[0] == reference_generate(model, schedule[0][1], 10).tokens
 
 
 def test_a_request_crossing_a_kv_length_decodes_short_then_long_as_hugging_face_does(port, monkeypatch):
@@ -143,7 +143,7 @@ def test_a_request_crossing_a_kv_length_decodes_short_then_long_as_hugging_face_
                         lambda self, active: lengths.append(chosen(self, active)) or lengths[-1])
     prompt = [2] + list(range(100, 130))  # 31 tokens: positions 31..60 cross 48
     alone = run_slot_schedule(port, [(0, prompt, GenerationParams(30))], SLOTS)[0]
-    assert alone == reference_generate(model, prompt, 30)["tokens"]
+    assert alone == reference_generate(model, prompt, 30).tokens
     assert lengths[0] == 48 and lengths[-1] == 96 and lengths == sorted(lengths)
 
 
@@ -165,13 +165,12 @@ def test_a_lone_request_decodes_on_the_one_row_graph_of_a_compiled_port(port, mo
     assert sorted(compiled.runners.decode_rows) == [1, 2]
     used = _rows_used(monkeypatch)
     prompt = [2, 5, 9, 11]
-    assert run_slot_schedule(compiled, [(0, prompt, GenerationParams(12))], 4)[0] == reference_generate(model, prompt, 12)[
-        "tokens"]
+    assert run_slot_schedule(compiled, [(0, prompt, GenerationParams(12))], 4)[0] == reference_generate(model, prompt, 12).tokens
     assert set(used) == {1}
     used.clear()
     schedule = [(0, [2, 40, 41], GenerationParams(3)), (0, [2, 7, 7, 7], GenerationParams(10))]
     together = run_slot_schedule(compiled, schedule, 4)
-    assert together[1] == reference_generate(model, schedule[1][1], 10)["tokens"]
+    assert together[1] == reference_generate(model, schedule[1][1], 10).tokens
     assert used[0] == 2 and used[-1] == 2  # slot 1 alone at the end: the rows up to it
 
 
@@ -184,7 +183,7 @@ def test_decode_by_occupancy_writes_its_rows_back_or_the_tokens_go_wrong(port, m
     port, model = port
     used = _rows_used(monkeypatch)
     prompt = [2, 5, 9, 11, 300]
-    expected = reference_generate(model, prompt, 10)["tokens"]
+    expected = reference_generate(model, prompt, 10).tokens
     assert run_slot_schedule(port, [(0, prompt, GenerationParams(10))], SLOTS)[0] == expected
     assert set(used) == {1}  # one row of three
     monkeypatch.setattr(KVStore, "write_prefix", lambda self, answer: None)

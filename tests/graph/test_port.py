@@ -24,14 +24,14 @@ def test_port_logits_match_hf_teacher_forced_over_window_wraps():
     prompt = [2] + list(range(10, 33))
     got = generate(model, GenerationRequest.greedy([prompt], 48, keep_logits=True), shape=PortShape([32], 128))
     ref = reference_generate(model, prompt, 48, [])
-    assert got.tokens[0] == ref["tokens"]
+    assert got.tokens[0] == ref.tokens
     with torch.no_grad():
         hf = model(torch.tensor([prompt + got.tokens[0]])).logits[0]
     port_logits = softcap(torch.stack(got.step_logits)[:, 0], 30.0)
     want = hf[len(prompt) - 1 : len(prompt) - 1 + port_logits.shape[0]]
     scale = want.abs().max()
     port_err = (port_logits - want).abs().max() / scale
-    hf_self_err = (torch.stack(ref["logits"]) - want).abs().max() / scale
+    hf_self_err = (torch.stack(ref.logits) - want).abs().max() / scale
     assert port_err <= 2 * hf_self_err + 1e-5, (port_err, hf_self_err)
 
 
@@ -44,7 +44,7 @@ def test_restoring_buffers_fixes_a_parameter_only_load():
     assert problems and all("layer_scalar" in p.name for p in problems)
     prompt = [2] + list(range(40, 63))
     shape = PortShape([32], 128)
-    reference = reference_generate(model, prompt, 16, [])["tokens"]
+    reference = reference_generate(model, prompt, 16, []).tokens
     assert generate(broken, GenerationRequest.greedy([prompt], 16), shape=shape).tokens[0] != reference
     restored = restore_buffers(broken, checkpoint)
     assert len(restored) == len(problems)

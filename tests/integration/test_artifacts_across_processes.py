@@ -59,7 +59,7 @@ def _served_tp2_matches_generate(out):
         assert srv.stop() == 0
     model, _ = load_source("gemma-4-e4b", tiny=True, seed=json.loads((out / "manifest.json").read_text())["source"]["seed"])
     for prompt, tokens in zip(prompts, served, strict=True):  # Hugging Face in this process: no third set of ranks to start
-        assert tokens == reference_generate(model, prompt, 12)["tokens"]
+        assert tokens == reference_generate(model, prompt, 12).tokens
     with torch.no_grad():
         logp = torch.log_softmax(teacher_forced_logits(model, prompts[1]).double(), dim=-1)
     want = logp[torch.arange(len(prompts[1]) - 1), torch.tensor(prompts[1][1:])]
@@ -72,7 +72,10 @@ def test_fresh_process_check_returns_data_and_names_the_childs_failure(tiny_e2b_
     from neuron_port.checks.validation import check_in_fresh_process
     from neuron_port.errors import ArtifactError
 
-    result = check_in_fresh_process(tiny_e2b_artifact, prompt_len=12, max_new_tokens=6)
+    checked = check_in_fresh_process(tiny_e2b_artifact, prompt_len=12, max_new_tokens=6)
+    assert checked.passed and checked.seq_match and checked.logits.steps == 6
+    assert [c.status for c in checked.checks] == ["pass", "skip", "pass"]
+    result = checked.to_json()  # the same fields the child wrote
     assert result["seq_match"] is True and result["tokens"] == result["reference_tokens"] and len(result["tokens"]) == 6
     assert result["self_checks_passed"] is True and result["logit_check"]["steps"] == 6
     assert {c["name"]: c["status"] for c in result["self_checks"]} == {"embeddings": "pass", "attention": "skip",

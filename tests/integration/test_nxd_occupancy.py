@@ -59,7 +59,7 @@ used.clear()
 trio = run_slot_schedule(port, [(0, p, GenerationParams(8)) for p in prompts], 4)
 print(json.dumps({"alone": alone, "alone_rows": alone_rows, "pair": [pair[0], pair[1]], "pair_rows": pair_rows,
                   "trio": [trio[i] for i in range(3)], "trio_rows": sorted(set(used)),
-                  "reference": [reference_generate(model, p, 8)["tokens"] for p in prompts],
+                  "reference": [reference_generate(model, p, 8).tokens for p in prompts],
                   "decode_rows": port.runners.facts()["decode_rows"]}))
 """
 

@@ -74,9 +74,9 @@ def test_a_quantized_model_runs_through_the_port_as_hugging_face_runs_it():
     port = Port.over_model(model, PortShape([32], [64]))
     got = generate(port, GenerationRequest.greedy([prompt], 16, keep_logits=True))
     reference = reference_generate(model, prompt, 16)  # the oracle: HF's own forward of the same int8 model
-    assert got.tokens[0] == reference["tokens"]
+    assert got.tokens[0] == reference.tokens
     ours = softcap(torch.stack([step[0] for step in got.step_logits]), layout.softcap)
-    theirs = torch.stack(reference["logits"])
+    theirs = torch.stack(reference.logits)
     assert (ours - theirs).abs().max() < 1e-4 * theirs.abs().max()  # every step, relative to the largest logit
     with pytest.raises(NotImplementedError, match="fused projections"):
         quantize_model(build_model(load_config("phi-3", tiny=True)))

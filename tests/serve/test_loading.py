@@ -41,7 +41,7 @@ def test_a_served_int8_model_decodes_what_the_int8_model_computes():
         assert sum(isinstance(m, Int8Linear) for m in graph.model.modules()) > 0
         prompt = [2] + list(range(40, 60))
         got = generate(port, GenerationRequest.greedy([prompt], 12))
-        want = reference_generate(model_from_name("gemma-4-e2b", tiny=True, quant="int8"), prompt, 12)["tokens"]
+        want = reference_generate(model_from_name("gemma-4-e2b", tiny=True, quant="int8"), prompt, 12).tokens
         assert got.tokens[0] == want
     finally:
         served.engine.close()

@@ -84,9 +84,9 @@ def test_logits_of_every_step_match_and_short_steps_read_a_prefix_on_the_device(
     no store is copied between them (no graph but the three)."""
     port, got, report = _xla_run(tiny_e2b, PortShape(32, (32, 48)), 24, keep_logits=True)
     ref = reference_generate(tiny_e2b, PROMPT, 24)
-    assert got.tokens[0] == ref["tokens"]
+    assert got.tokens[0] == ref.tokens
     ours = softcap(torch.stack([step[0] for step in got.step_logits]), describe(tiny_e2b).softcap)
-    theirs = torch.stack(ref["logits"])
+    theirs = torch.stack(ref.logits)
     assert (ours - theirs).abs().max() / theirs.abs().max() < 1e-4  # tolerance: relative to the largest logit
     assert set(report["compile_s"]) == {"prefill_32", "decode_32", "decode_48"}
     assert got.step_kv_lens[0] == 32 and got.step_kv_lens[-1] == 48
@@ -114,7 +114,7 @@ def test_lint_findings_catch_a_store_copied_in_and_out(tiny_e2b, monkeypatch):
     assert findings_of(clean) == [] and set(clean["aliased_buffers"]) == {"prefill_24", "decode_40"}
     monkeypatch.setattr(XlaRunner, "write_back", False)
     port, got, report = _xla_run(tiny_e2b, PortShape(24, 56), 4)
-    assert got.tokens[0] == reference_generate(tiny_e2b, PROMPT, 4)["tokens"]  # still right, only slower
+    assert got.tokens[0] == reference_generate(tiny_e2b, PROMPT, 4).tokens  # still right, only slower
     assert "kv-not-aliased" in {f.name for f in findings_of(report)}
 
 
@@ -228,10 +228,10 @@ def test_decode_by_occupancy_on_xla_runs_the_one_row_graph_over_the_one_device_s
     used = record_decode_rows(monkeypatch.setattr)
     prompts = [PROMPT[:9], PROMPT[:5]]
     alone = run_slot_schedule(port, [(0, prompts[0], GenerationParams(8))], 2)[0]
-    assert alone == reference_generate(tiny_e2b, prompts[0], 8)["tokens"] and set(used) == {1}
+    assert alone == reference_generate(tiny_e2b, prompts[0], 8).tokens and set(used) == {1}
     used.clear()
     pair = run_slot_schedule(port, [(0, p, GenerationParams(8)) for p in prompts], 2)
-    assert [pair[0], pair[1]] == [reference_generate(tiny_e2b, p, 8)["tokens"] for p in prompts] and set(used) == {2}
+    assert [pair[0], pair[1]] == [reference_generate(tiny_e2b, p, 8).tokens for p in prompts] and set(used) == {2}
     report = backend.report()
     assert {"prefill_24", "decode_40", "decode_40_rows1"} <= set(report["aliased_buffers"])
     assert report["aliased_buffers"] == report["kv_tensors"]

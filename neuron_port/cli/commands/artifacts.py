@@ -70,6 +70,7 @@ def _device_bytes(out: Path, model, setup, kv_len: int, batch: int) -> dict:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from neuron_port.artifacts.manifest import verify
+    from neuron_port.checks.checked_run import CheckedRun
     from neuron_port.checks.reference import reference_model
     from neuron_port.checks.validation import artifact_run_report, artifact_self_checks, compare_with_reference
     from neuron_port.errors import ArtifactError
@@ -101,15 +102,15 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     request = GenerationRequest.greedy([prompt], args.max_new_tokens, stop_ids, keep_logits=args.check)
     stream = text_stream(args, args.dir)  # the answer as it comes, for a person reading a text prompt's
     result = generate(args.dir, request, manifest=manifest, tokenizer=stream.tokenizer if stream else None, on_token=stream)
-    out = artifact_run_report(args.dir, manifest, prompt, result)
-    out["dtype"] = str(manifest.dtype)
-    if texts:
-        out["text"] = decode_completion(args.dir, out["tokens"], stop_ids)
+    checked = CheckedRun(run=artifact_run_report(args.dir, manifest, prompt, result))
     if args.check:
         reference = reference_model(manifest)
-        out = artifact_self_checks(args.dir, manifest, reference, prompt, out)
-        out = compare_with_reference(out, reference, prompt, args.max_new_tokens, stop_ids)
-    return emit_generation(out, args, stream)
+        checked = artifact_self_checks(args.dir, manifest, reference, prompt, result)
+        checked.match = compare_with_reference(result.tokens[0], reference, prompt, args.max_new_tokens, stop_ids)
+    checked.run["dtype"] = str(manifest.dtype)
+    if texts:
+        checked.run["text"] = decode_completion(args.dir, result.tokens[0], stop_ids)
+    return emit_generation(checked, args, stream)
 
 
 def add(sub) -> None:

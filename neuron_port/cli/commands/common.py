@@ -6,7 +6,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from neuron_port.checks.checked_run import CheckedRun
 
 
 def print_json(data: Any) -> None:
@@ -117,9 +120,11 @@ def summary_line(out: dict[str, Any]) -> str:
             f"tok/s; backend {out.get('backend')}, tp {out.get('tp')}; --json for everything]")
 
 
-def emit_generation(out: dict[str, Any], args: argparse.Namespace, stream: TextStream | None = None) -> int:
-    """Print a generation result: JSON with ``--json``; else the text (already streamed, or printed now), the
-    tokens of a random prompt, a summary line, the self-checks and SEQ_MATCH with ``--check``. The exit code."""
+def emit_generation(checked: CheckedRun, args: argparse.Namespace, stream: TextStream | None = None) -> int:
+    """Print a generation result (``checked.run``, with what ``--check`` found): JSON with ``--json``; else the text
+    (already streamed, or printed now), the tokens of a random prompt, a summary line, the self-checks and SEQ_MATCH
+    with ``--check``. The exit code: 1 when a checked run failed its verdict (:attr:`CheckedRun.passed`)."""
+    out = checked.to_json()
     if args.json:
         print_json(out)
     else:
@@ -130,19 +135,16 @@ def emit_generation(out: dict[str, Any], args: argparse.Namespace, stream: TextS
         else:
             print(f"tokens: {out.get('tokens')}")
         print(summary_line(out))
-        for check in out.get("self_checks", []):
-            print(f"[self-check] {check['name']}: {check['status']}, {check['detail']}")
+        for check in checked.checks:
+            print(f"[self-check] {check.name}: {check.status}, {check.detail}")
         if args.check:
-            print(f"SEQ_MATCH {out['seq_match']}")
+            print(f"SEQ_MATCH {checked.seq_match}")
     warning = context_warning(out, getattr(args, "max_new_tokens", None))
     if warning:
         print(warning, file=sys.stderr)
-    for check in out.get("self_checks", []):
-        if check["status"] == "fail":
-            print(f"error: self-check {check['name']} failed: {check['detail']}\n  fix: {check['fix']}", file=sys.stderr)
-    from neuron_port.checks.selfcheck import checked_run_passed
-
-    return 0 if (not args.check or checked_run_passed(out)) else 1
+    for check in checked.failures:
+        print(f"error: self-check {check.name} failed: {check.detail}\n  fix: {check.fix}", file=sys.stderr)
+    return 0 if (not args.check or checked.passed) else 1
 
 
 def add_prompt_options(p: argparse.ArgumentParser, default_tokens: int) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_port.cli.commands.common import (
     MODEL_HELP,
@@ -18,10 +18,13 @@ from neuron_port.cli.commands.common import (
 )
 from neuron_port.cli.quant_flags import add_quant_option
 
+if TYPE_CHECKING:
+    from neuron_port.checks.checked_run import CheckedRun
+
 
 def _cmd_port(args: argparse.Namespace) -> int:
     from neuron_port.backends import backend_spec, check_backend_tp, require_backend
-    from neuron_port.checks.reference import reference_for_source
+    from neuron_port.checks.checked_run import CheckedRun
     from neuron_port.generation.chat import generation_stop_ids
     from neuron_port.generation.generate import generate
     from neuron_port.generation.prompts import staggered_prompts
@@ -85,60 +88,45 @@ def _cmd_port(args: argparse.Namespace) -> int:
         out["rows"] = [{"prompt_tokens": len(p), "tokens": t} for p, t in zip(prompts, result.tokens, strict=True)]
     if is_dir and (args.prompt is not None or args.chat is not None):
         out["text"] = decode_completion(args.model, result.tokens[0], stop_ids)
+    checked = CheckedRun(run=out)
     if args.check:
-        # The oracle: Hugging Face's own loading of a directory, float32 (never this library's loader), its
-        # projections quantized as the port's are: the port must compute what that model computes.
-        fp32_shipped = not is_dir and args.dtype == "fp32"
-        reference = model if fp32_shipped else reference_for_source(args.model, tiny=args.tiny, seed=args.seed,
-                                                                    quant=args.quant)
-        _check_rows(out, reference, prompts, result.tokens, args.max_new_tokens, stop_ids)
-        _self_checks(out, model, reference, setup, shape, prompts[0], result, args.logit_tolerance, args.backend,
-                     args.dtype)
-        if args.quant != "none":  # and what the quantization costs: the same steps against the float32 model
-            _quant_check(out, reference_for_source(args.model, tiny=args.tiny, seed=args.seed), prompts[0], result,
-                         args.quant, judged=is_dir)
-    return emit_generation(out, args, stream)
+        _check_run(checked, model, setup, shape, prompts, result, args, stop_ids, is_dir)
+    return emit_generation(checked, args, stream)
 
 
-def _quant_check(out: dict[str, Any], float_reference, prompt: list[int], result, quant: str, judged: bool) -> None:
-    """The ``quant-drift`` self-check: every step's logits against the unquantized float32 model, within
-    the scheme's measured bound (:func:`neuron_port.checks.selfcheck.quant_tolerance_for`); reported but
-    not judged on random weights (``judged`` False)."""
-    from neuron_port.checks.selfcheck import check_quant_drift
+def _check_run(checked: CheckedRun, model, setup, shape, prompts: list[list[int]], result, args: argparse.Namespace,
+               stop_ids: list[int], is_dir: bool) -> None:
+    """Every row's tokens against Hugging Face generate, and what greedy tokens cannot see (row 0): the
+    loader, host embeddings, the attention function inside the graphs, every step's logits after the
+    softcap, and a quantized port's drift from the float32 model.
 
-    check, report = check_quant_drift(float_reference, prompt, result.tokens[0], result.step_logits, quant, judged)
-    out["self_checks"].append(check.to_json())
-    out["quant_check"] = report
-    out["self_checks_passed"] = out["self_checks_passed"] and check.status != "fail"
-
-
-def _self_checks(out: dict[str, Any], model, reference, setup, shape, prompt: list[int], result, tolerance: float | None,
-                 backend: str, dtype: str) -> None:
-    """What greedy tokens cannot see: the loader (against ``reference``), host embeddings, the
-    attention function inside the graphs, and every step's logits after the softcap (row 0)."""
-    from neuron_port.checks.selfcheck import logit_tolerance_for, model_self_checks, result_fields, tokens_must_match
-
-    tolerance = logit_tolerance_for(backend, dtype) if tolerance is None else tolerance
-    checks, report = model_self_checks(model, setup, shape, prompt, result.tokens[0], result.step_logits, tolerance,
-                                       reference=reference)
-    out.update(result_fields(checks, report), tokens_must_match=tokens_must_match(backend, dtype))
-
-
-def _check_rows(out: dict[str, Any], model, prompts: list[list[int]], tokens: list[list[int]], max_new_tokens: int,
-                stop_ids: list[int]) -> None:
-    """Every row against Hugging Face generate; row 0's reference and divergence at the top level."""
+    The oracle: Hugging Face's own loading of a directory, float32 (never this library's loader), its
+    projections quantized as the port's are: the port must compute what that model computes."""
+    from neuron_port.checks.reference import reference_for_source
+    from neuron_port.checks.selfcheck import (
+        check_quant_drift,
+        logit_tolerance_for,
+        model_self_checks,
+        tokens_must_match,
+    )
     from neuron_port.checks.validation import compare_with_reference
 
-    matches = []
-    for row, (prompt, got) in enumerate(zip(prompts, tokens, strict=True)):
-        checked = compare_with_reference({"tokens": got}, model, prompt, max_new_tokens, stop_ids)
-        matches.append(checked["seq_match"])
-        if row == 0:
-            out["reference_tokens"], out["divergence"] = checked["reference_tokens"], checked["divergence"]
-        if "rows" in out:
-            out["rows"][row]["reference_tokens"] = checked["reference_tokens"]
-            out["rows"][row]["seq_match"] = checked["seq_match"]
-    out["seq_match"] = all(matches)
+    fp32_shipped = not is_dir and args.dtype == "fp32"
+    reference = model if fp32_shipped else reference_for_source(args.model, tiny=args.tiny, seed=args.seed,
+                                                                quant=args.quant)
+    checked.row_matches = [compare_with_reference(tokens, reference, prompt, args.max_new_tokens, stop_ids)
+                           for prompt, tokens in zip(prompts, result.tokens, strict=True)]
+    checked.match = checked.row_matches[0]
+    tolerance = (logit_tolerance_for(args.backend, args.dtype) if args.logit_tolerance is None
+                 else args.logit_tolerance)
+    checked.checks, checked.logits = model_self_checks(model, setup, shape, prompts[0], result.tokens[0],
+                                                       result.step_logits, tolerance, reference=reference)
+    checked.tokens_must_match = tokens_must_match(args.backend, args.dtype)
+    if args.quant != "none":  # what the quantization costs: the same steps against the float32 model
+        check, checked.quant = check_quant_drift(reference_for_source(args.model, tiny=args.tiny, seed=args.seed),
+                                                 prompts[0], result.tokens[0], result.step_logits, args.quant,
+                                                 judged=is_dir)
+        checked.checks.append(check)
 
 
 def add(sub) -> None:
