@@ -24,13 +24,11 @@ from neuron_port.artifacts.writer import write_artifact
 from neuron_port.checks.validation import check_in_fresh_process
 from neuron_port.cli.quant_flags import QuantFlagsParser, add_quant_option
 from neuron_port.cli.recipe import load_checked, run_recipe
-from neuron_port.generation.chat import chat_format_of, stop_token_ids
 from neuron_port.generation.generate import generate
-from neuron_port.generation.prompts import text_prompt
+from neuron_port.generation.opened import OpenedModel
 from neuron_port.generation.request import GenerationRequest
 from neuron_port.graph.shapes import PortShape
 from neuron_port.model.pretrained import PRETRAINED, pretrained_dir
-from neuron_port.model.tokenizer import decode_completion
 from neuron_port.parallel.ranks import RankSetup
 from neuron_port.planner import Target, plan_capacity
 
@@ -69,23 +67,23 @@ def port_one(name: str, args: argparse.Namespace, out_root: Path) -> bool:
     print(f"[compile] {len(manifest.files)} files in {out} ({manifest.dtype})")
     del model
 
-    # 7. Reload in a fresh process and check against Hugging Face's greedy generate on CPU.
-    eos = stop_token_ids(str(out), layout.family.special_ids(config).eos, chat=False)
-    prompt = text_prompt(out, PROMPT)
+    # 7. Reload in a fresh process and check against Hugging Face's greedy generate on CPU. The artifact,
+    #    opened once, gives the tokenizer, stop ids and chat format it carries.
+    artifact = OpenedModel.open(out)
+    eos = artifact.stop_ids()
+    prompt = artifact.text_prompt(PROMPT)
     checked = check_in_fresh_process(out, max_new_tokens=args.max_new_tokens, prompt=prompt, stop_ids=eos)
     run = checked.run
     print(f"[reload] a fresh process loaded {run['artifact']} (backend {run['backend']}, tp {run['tp']})")
     print(f"[check] {run['new_tokens']} tokens against Hugging Face, self-checks "
           f"{'passed' if checked.self_checks_passed else 'FAILED'}; SEQ_MATCH {checked.seq_match}")
-    print(f"[text] {PROMPT!r} -> {decode_completion(str(out), run['tokens'], eos)!r}")
+    print(f"[text] {PROMPT!r} -> {artifact.decode(run['tokens'], eos)!r}")
 
     # 8. Chat through the model's own template (its family's format when it ships none).
-    fmt, tokenizer = chat_format_of(out)
-    chat_ids = fmt.encode([{"role": "user", "content": QUESTION}], tokenizer, layout.family.special_ids(config).bos)
-    stops = stop_token_ids(str(out), layout.family.special_ids(config).eos, chat=True)
-    reply = generate(str(out), GenerationRequest.greedy([chat_ids], args.max_new_tokens, stops))
-    source_of = "its chat template" if fmt.template else f"the {layout.family.name} family's format"
-    print(f"[chat] ({source_of}) {QUESTION!r} -> {decode_completion(str(out), reply.tokens[0], stops)!r}")
+    stops = artifact.stop_ids(chat=True)
+    reply = generate(str(out), GenerationRequest.greedy([artifact.chat_prompt(QUESTION)], args.max_new_tokens, stops))
+    source_of = "its chat template" if artifact.chat.template else f"the {layout.family.name} family's format"
+    print(f"[chat] ({source_of}) {QUESTION!r} -> {artifact.decode(reply.tokens[0], stops)!r}")
     return checked.passed  # bf16: the logit bound decides; tokens may flip at near-ties
 
 

@@ -19,29 +19,38 @@ commands and the server are built from the same pieces, with more options.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 from torch import nn
 
 from neuron_port.errors import ModelSourceError, PromptError
+from neuron_port.generation.opened import OpenedModel
 
 
 @dataclass
 class PortedModel:
     """A model ported to the two-graph form, or a compiled artifact, that generates text.
 
-    ``model``: the CausalLM (None for an artifact); ``directory``: where its config, tokenizer and chat template
-    are (the model directory or the artifact); ``artifact``: whether ``directory`` is a compiled artifact; the
+    ``model``: the CausalLM (None for an artifact); ``opened``: what the model is (config, family, its directory's
+    tokenizer, chat template and stop ids: :class:`~neuron_port.generation.opened.OpenedModel`, read once); the
     prompt buckets and the KV length a model's port is built with (an artifact has its own)."""
 
     model: nn.Module | None
-    directory: Path | None
-    artifact: bool = False
+    opened: OpenedModel
     buckets: tuple[int, ...] = (32, 64, 128)
     kv_len: int = 256
     tp: int = 1
+
+    @property
+    def directory(self) -> Path | None:
+        """Where its config, tokenizer and chat template are: the model directory or the artifact (None for random
+        weights)."""
+        return self.opened.directory
+
+    @property
+    def artifact(self) -> bool:
+        """Whether this is a compiled artifact."""
+        return self.opened.artifact
 
     def generate(self, prompt: str | list[int], max_new_tokens: int = 32, chat: bool = False) -> str:
         """The completion of ``prompt`` (text, or token ids) as text; ``chat``: ``prompt`` is one user message put
@@ -84,47 +93,19 @@ class PortedModel:
 
     # ---- text in and out -----------------------------------------------------------------------------
     def _prompt_ids(self, prompt: str | list[int], chat: bool) -> list[int]:
-        from neuron_port.generation.prompts import text_prompt
-
         if isinstance(prompt, list):
             if chat:
                 raise PromptError("chat=True takes the user's message as text, found token ids")
             return [int(t) for t in prompt]
         if self.directory is None:
             raise PromptError("a model with random weights has no tokenizer: give the prompt as token ids")
-        if not chat:
-            return text_prompt(str(self.directory), prompt)
-        from neuron_port.generation.chat import chat_format_of
-
-        fmt, tokenizer = chat_format_of(str(self.directory))
-        if tokenizer is None:
-            raise PromptError(f"chat=True needs a tokenizer.json in {self.directory}; it has none")
-        return fmt.encode([{"role": "user", "content": prompt}], tokenizer, self._special.bos)
-
-    @cached_property
-    def _special(self) -> Any:
-        """The model's special ids, read once (from the directory's config.json, or the model's own config)."""
-        from neuron_port.families import family_for
-        from neuron_port.model.configs import load_config
-
-        config = load_config(self.directory / "config.json") if self.directory is not None else None
-        if config is None:
-            from neuron_port.families import family_of
-
-            family = family_of(self.model)
-            return family.special_ids(family.text_config_of(self.model))
-        return family_for(config.model_type).special_ids(config)
+        return self.opened.chat_prompt(prompt) if chat else self.opened.text_prompt(prompt)
 
     def _stop_ids(self, chat: bool) -> list[int]:
-        from neuron_port.generation.chat import generation_stop_ids
-
-        real = self.directory is not None
-        return generation_stop_ids(self.directory, self._special.eos, chat, eos_means_end=real)
+        return self.opened.stop_ids(chat)
 
     def _decode(self, ids: list[int]) -> str:
-        from neuron_port.model.tokenizer import decode_completion
-
-        text = None if self.directory is None else decode_completion(str(self.directory), ids, self._stop_ids(False))
+        text = self.opened.decode(ids, self._stop_ids(False))
         if text is None:
             raise PromptError(f"{self.directory or 'a model with random weights'} has no tokenizer.json: use generate_ids")
         return text
@@ -142,17 +123,14 @@ def from_pretrained(name: str | Path, *, tiny: bool = False, revision: str | Non
     from neuron_port.model.loading import model_from_name, parse_dtype
 
     name = resolve_model(str(name), revision)
-    path = Path(name)
-    if (path / "manifest.json").is_file():
-        return PortedModel(None, path, artifact=True)
-    if path.is_dir():
-        return PortedModel(model_from_name(name, dtype=parse_dtype(dtype), quant=quant), path, False, tuple(buckets),
-                           kv_len, tp)
     if name in SHIPPED and not tiny:
         raise ModelSourceError(f"{name} is a config, not weights: give a Hugging Face id or a directory, or tiny=True "
                                "for a small random model")
-    return PortedModel(model_from_name(name, tiny=tiny, dtype=parse_dtype(dtype), quant=quant), None, False,
-                       tuple(buckets), kv_len, tp)
+    opened = OpenedModel.open(name, tiny=tiny and not Path(name).is_dir())
+    if opened.artifact:
+        return PortedModel(None, opened)
+    model = model_from_name(name, tiny=opened.tiny, dtype=parse_dtype(dtype), quant=quant, config=opened.config)
+    return PortedModel(model, opened, tuple(buckets), kv_len, tp)
 
 
 __all__ = ["PortedModel", "from_pretrained"]

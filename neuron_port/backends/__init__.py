@@ -19,23 +19,13 @@ def get_backend(name: str, **options: Any) -> Any:
     neuronx-distributed's ModelBuilder (``nxd``, :mod:`neuron_port.backends.nxd_artifact`) builds a
     whole artifact at once rather than graph by graph (:func:`neuron_port.artifacts.writer.write_artifact`
     calls it); its backend object loads such an artifact's graphs."""
-    backend_spec(name)
-    if name in ("cpu", "cpu-eager"):
-        from neuron_port.backends.cpu import CpuBackend
+    import importlib
 
-        return CpuBackend("eager" if name == "cpu-eager" else "jit", **options)
-    if name == "xla":
-        from neuron_port.backends.xla import XlaBackend
-
-        return XlaBackend(**options)
-    require_backend(name)
-    if name == "neuron":
-        from neuron_port.backends.neuron import NeuronBackend
-
-        return NeuronBackend(**options)
-    from neuron_port.backends.nxd_artifact import NxdBackend
-
-    return NxdBackend(**options)
+    spec = backend_spec(name)
+    if spec.sdk_modules:
+        require_backend(name)  # one line naming the SDK it needs, before its module is imported
+    module, cls = spec.factory.split(":")
+    return getattr(importlib.import_module(module), cls)(**{**dict(spec.options), **options})
 
 
 __all__ = ["require_backend", "check_backend_tp", "get_backend", "backend_spec", "BackendSpec", "BACKENDS", "NEURON_HINT"]

@@ -26,7 +26,8 @@ class BackendSpec:
     and one process drives every core (the artifact has one host rank); ``max_tp``: the largest tensor-parallel
     degree it runs (None: any); ``float32_exact``: its float32 graphs give Hugging Face's float32 tokens
     exactly (the CPU and the XLA CPU device); ``refusal``: why it compiles nothing graph by graph, and what to
-    do instead."""
+    do instead; ``factory``: ``module:Class`` of its backend object, imported when one is made
+    (:func:`~neuron_port.backends.get_backend`); ``options``: the keyword arguments the name fixes."""
 
     name: str
     sdk_modules: tuple[str, ...] = ()
@@ -36,19 +37,24 @@ class BackendSpec:
     max_tp: int | None = None
     float32_exact: bool = False
     refusal: str = ""
+    factory: str = ""
+    options: tuple[tuple[str, object], ...] = ()
 
 
 _NEURON_SDK = ("torch_neuronx", "neuronx_distributed")  # neuron is ModelBuilder at tp 1: it needs both too
 
 BACKENDS: dict[str, BackendSpec] = {spec.name: spec for spec in (
-    BackendSpec("cpu", float32_exact=True),
-    BackendSpec("cpu-eager", float32_exact=True),
-    BackendSpec("xla", artifacts=False, float32_exact=True),
+    BackendSpec("cpu", float32_exact=True, factory="neuron_port.backends.cpu:CpuBackend", options=(("mode", "jit"),)),
+    BackendSpec("cpu-eager", float32_exact=True, factory="neuron_port.backends.cpu:CpuBackend",
+                options=(("mode", "eager"),)),
+    BackendSpec("xla", artifacts=False, float32_exact=True, factory="neuron_port.backends.xla:XlaBackend"),
     BackendSpec("neuron", _NEURON_SDK, in_process=False, whole_artifact=True, max_tp=1,
+                factory="neuron_port.backends.neuron:NeuronBackend",
                 refusal="the neuron backend builds every graph at once with neuronx-distributed's ModelBuilder at tp 1 "
                         "(weights loaded once, one KV state for all graphs, as the SDK documents); "
                         + _MODELBUILDER_ADVICE.format(name="neuron")),
     BackendSpec("nxd", _NEURON_SDK, in_process=False, whole_artifact=True,
+                factory="neuron_port.backends.nxd_artifact:NxdBackend",
                 refusal="the nxd backend traces every graph at once with ModelBuilder; "
                         + _MODELBUILDER_ADVICE.format(name="nxd")),
 )}

@@ -26,7 +26,7 @@ from neuron_port.checks.check import Check
 from neuron_port.checks.checked_run import TokenMatch
 from neuron_port.checks.selfcheck import model_self_checks
 from neuron_port.errors import NeuronPortError
-from neuron_port.families import DecoderFamily, family_for
+from neuron_port.generation.opened import OpenedModel
 
 SAMPLE_TEXTS = ("hello world", "the capital of france is paris", "water and fire")
 UNK_FLOOD = 0.2
@@ -81,18 +81,19 @@ def _files(directory: Path, is_artifact: bool) -> Check:
     return Check("files", "pass", f"{', '.join(want)} present")
 
 
-def _tokenizer_check(directory: Path, config, family: DecoderFamily) -> Check:
-    problems = tokenizer_problems(directory, family.vocab_size(config), family.special_ids(config).bos)
+def _tokenizer_check(opened: OpenedModel) -> Check:
+    problems = tokenizer_problems(opened.directory, opened.vocab_size, opened.special.bos)
     if problems:
         return Check("tokenizer", "fail", "; ".join(problems),
                      "fix the tokenizer before suspecting the device: try tok('hello world') by hand")
     return Check("tokenizer", "pass", "round trip, no <unk> flood, BOS present, vocabulary fits the model")
 
 
-def _weights(directory: Path, config, family: DecoderFamily) -> tuple[Check, dict[str, torch.Tensor] | None]:
+def _weights(opened: OpenedModel) -> tuple[Check, dict[str, torch.Tensor] | None]:
     from neuron_port.model.loading import checkpoint_state, read_checkpoint
 
-    state = read_checkpoint(directory, family)
+    config, family = opened.config, opened.family
+    state = read_checkpoint(opened.directory, family)
     causal_lm = family.causal_lm_class(config.model_type)  # imported outside the device mode (torch 2.8)
     with torch.device("meta"):
         model = causal_lm(config)
@@ -111,7 +112,8 @@ def _weights(directory: Path, config, family: DecoderFamily) -> tuple[Check, dic
     return Check("weights", "pass", f"{len(state)} tensors match the config's shapes"), state
 
 
-def _buffers(state: dict[str, torch.Tensor], config, family: DecoderFamily) -> Check:
+def _buffers(state: dict[str, torch.Tensor], opened: OpenedModel) -> Check:
+    config, family = opened.config, opened.family
     defaults = family.buffer_defaults()
     names = family.layer_buffer_names()
     if not names:
@@ -146,14 +148,14 @@ def _artifact(directory: Path) -> tuple[Check, Manifest | None]:
     return Check("artifact", "pass", detail), manifest
 
 
-def _probe_prompt(config, family: DecoderFamily, bucket: int) -> list[int]:
+def _probe_prompt(opened: OpenedModel, bucket: int) -> list[int]:
     """BOS (the config's, when the family has one) then consecutive ordinary ids, within ``bucket``."""
-    bos = family.special_ids(config).bos
+    bos = opened.special.bos
     head = [bos] if bos is not None else []
     return head + list(range(4, 4 + min(11, bucket - len(head))))
 
 
-def _port_model_dir(directory: Path, config, family: DecoderFamily, tokens: int) -> list[Check]:
+def _port_model_dir(opened: OpenedModel, tokens: int) -> list[Check]:
     """The library's loader against transformers' ``from_pretrained`` (the reference), then the
     port's tokens against that reference and the self-checks tokens cannot replace."""
     from neuron_port.checks.reference import hf_reference_model
@@ -166,12 +168,12 @@ def _port_model_dir(directory: Path, config, family: DecoderFamily, tokens: int)
     from neuron_port.model.loading import load_model_dir
     from neuron_port.parallel.ranks import RankSetup
 
-    reference = hf_reference_model(directory)
-    model = load_model_dir(directory)
+    reference = hf_reference_model(opened.directory)
+    model = load_model_dir(opened.directory)
     loader = check_loader(model, reference)
     if loader.status == "fail":
         return [loader, Check("port", "skip", "the port would be built over the wrongly loaded model: fix the loader first")]
-    prompt = _probe_prompt(config, family, 16)
+    prompt = _probe_prompt(opened, 16)
     shape = PortShape([16], 64)
     setup = RankSetup.for_layout(describe(model), 1)
     got = generate(model, GenerationRequest.greedy([prompt], tokens, keep_logits=True), shape=shape, setup=setup)
@@ -182,7 +184,7 @@ def _port_model_dir(directory: Path, config, family: DecoderFamily, tokens: int)
     return [loader, _port_verdict(len(got.tokens[0]), match), *checks]
 
 
-def _port_artifact(directory: Path, manifest: Manifest, config, family: DecoderFamily, tokens: int) -> list[Check]:
+def _port_artifact(opened: OpenedModel, manifest: Manifest, tokens: int) -> list[Check]:
     """The artifact's tokens, host embeddings and step logits against the checkpoint it was built from
     (``manifest``: what the artifact check verified)."""
     from neuron_port.checks.reference import reference_model
@@ -190,7 +192,8 @@ def _port_artifact(directory: Path, manifest: Manifest, config, family: DecoderF
     from neuron_port.generation.generate import generate
     from neuron_port.generation.request import GenerationRequest
 
-    prompt = _probe_prompt(config, family, max(manifest.shape.buckets))
+    prompt = _probe_prompt(opened, max(manifest.shape.buckets))
+    directory = opened.directory
     reference = reference_model(manifest)
     result = generate(directory, GenerationRequest.greedy([prompt], tokens, keep_logits=True), manifest=manifest)
     checked = artifact_self_checks(directory, manifest, reference, prompt, result)
@@ -214,13 +217,11 @@ def _port_verdict(new_tokens: int, match: TokenMatch) -> Check:
 
 def run_doctor(directory: str | Path, tokens: int = 8) -> list[Check]:
     """All checks, cheapest first; later ones are skipped when what they need failed."""
-    from neuron_port.model.configs import load_config
-
     directory = Path(directory)
     is_artifact = (directory / "manifest.json").exists()
     checks = [_files(directory, is_artifact)]
     try:
-        config = load_config(directory / "config.json")
+        opened = OpenedModel.open(directory)
     except NeuronPortError as exc:
         checks.append(
             Check(
@@ -231,8 +232,7 @@ def run_doctor(directory: str | Path, tokens: int = 8) -> list[Check]:
             )
         )
         return checks
-    family = family_for(config.model_type)
-    checks.append(_tokenizer_check(directory, config, family))
+    checks.append(_tokenizer_check(opened))
     state, manifest = None, None
     if is_artifact:
         checks.append(Check("weights", "skip", "artifact: weights are covered by the manifest's file hashes"))
@@ -240,16 +240,16 @@ def run_doctor(directory: str | Path, tokens: int = 8) -> list[Check]:
         check, manifest = _artifact(directory)
         checks.append(check)
     else:
-        weights, state = _weights(directory, config, family)
+        weights, state = _weights(opened)
         checks.append(weights)
-        checks.append(_buffers(state, config, family) if state is not None else Check("buffers", "skip", "weights failed"))
+        checks.append(_buffers(state, opened) if state is not None else Check("buffers", "skip", "weights failed"))
         checks.append(Check("artifact", "skip", "not an artifact directory"))
     if any(c.status == "fail" for c in checks):
         checks.append(Check("port", "skip", "an earlier check failed; fix it first (it is cheaper)"))
     elif manifest is not None:
-        checks += _port_artifact(directory, manifest, config, family, tokens)
+        checks += _port_artifact(opened, manifest, tokens)
     else:
-        checks += _port_model_dir(directory, config, family, tokens)
+        checks += _port_model_dir(opened, tokens)
     return checks
 
 

@@ -28,18 +28,15 @@ from neuron_port.checks.checked_run import CheckedRun, TokenMatch
 from neuron_port.checks.oracle import match_reference, reference_generate
 from neuron_port.checks.reference import reference_model, unquantized_reference_model
 from neuron_port.errors import ArtifactError
-from neuron_port.families import family_for
 from neuron_port.generation.generate import generate
-from neuron_port.generation.prompts import random_prompt
+from neuron_port.generation.opened import OpenedModel
 from neuron_port.generation.request import GenerationRequest, GenerationResult
 from neuron_port.model.configs import load_config
 
 
 def artifact_prompt(directory: str | Path, prompt_len: int, seed: int = 0) -> list[int]:
     """A seeded random prompt for an artifact's model (BOS first when its family has one)."""
-    config = load_config(Path(directory) / "config.json")
-    family = family_for(config.model_type)
-    return random_prompt(family.vocab_size(config), prompt_len, seed, family.special_ids(config).bos)
+    return OpenedModel.open(directory).random_prompt(prompt_len, seed)
 
 
 def artifact_run_report(directory: str | Path, manifest: Manifest, prompt: Sequence[int],

@@ -174,13 +174,12 @@ class SlotBatch:
                 self.positions[slot] = length
             inputs = self.port.inputs.prefill(ids, lengths, bucket)
             first = self.port.stores.specs[self.port.stores.prefill_kv[bucket]]
-            if self.port.runners.resident_kv:  # the device holds the store: the host's one placeholder, viewed
-                if self.store is None:
-                    self.store = self.port.inputs.new_store(self.slots, self.kv_len)
+            resident = self.port.runners.resident_kv
+            if (resident or one) and self.store is None:  # the one store, made at the first admission
+                self.store = self.port.inputs.new_store(self.slots, self.kv_len)
+            if resident:  # the device holds the store: the host's one placeholder, viewed
                 fresh = self.store.prefix(first)
             elif one:  # the prefill writes the new rows into the running store itself (it leaves empty rows alone)
-                if self.store is None:
-                    self.store = self.port.inputs.new_store(self.slots, self.kv_len)
                 fresh = self.store
             else:
                 fresh = self.port.inputs.new_store(ids.shape[0], first.kv_len)
@@ -212,7 +211,7 @@ class SlotBatch:
         if self.store is None and whole:  # every slot filled at the full length: the prefill's store is the store
             self.store = fresh
             return
-        if self.store is None:  # on the device the prefill ran on (an XLA store stays there)
+        if self.store is None:  # on the device the prefill's store is on
             self.store = self.port.inputs.new_store(self.slots, self.kv_len).to(fresh.tensors()[0].device)
         target = self.store if fresh.spec.kv_len == self.kv_len else self.store.prefix(fresh.spec)
         src_index, dst_index = torch.tensor(rows, dtype=torch.long), torch.tensor(slots, dtype=torch.long)

@@ -62,16 +62,21 @@ class HostInputs:
         """A zeroed store at ``kv_len`` for ``batch`` rows."""
         return KVStore.zeros(self.stores.specs[kv_len], batch, self.dtype)
 
+    def example_step(self, kind: str, size: int, batch: int = 1) -> StepInputs:
+        """Step inputs of the right shapes for tracing the ``kind`` (``prefill``: a full prompt of bucket ``size``;
+        ``decode``: one token at KV length ``size``) graph over ``batch`` rows."""
+        if kind == "prefill":
+            ids = torch.arange(size)[None, :].expand(batch, size) % self.layout.vocab_size
+            return self.prefill(ids.contiguous(), torch.full((batch,), size), size)
+        return self.decode_fresh(torch.full((batch,), 3), torch.full((batch,), size - 1))
+
     def example_prefill(self, bucket: int, batch: int = 1) -> tuple[StepInputs, KVStore]:
-        """Inputs of the right shapes (a full-bucket prompt) for tracing a prefill graph."""
-        ids = torch.arange(bucket)[None, :].expand(batch, bucket) % self.layout.vocab_size
-        inputs = self.prefill(ids.contiguous(), torch.full((batch,), bucket), bucket)
-        return inputs, self.new_store(batch, self.stores.prefill_kv[bucket])
+        """Inputs of the right shapes (a full-bucket prompt) for tracing a prefill graph, and its store."""
+        return self.example_step("prefill", bucket, batch), self.new_store(batch, self.stores.prefill_kv[bucket])
 
     def example_decode(self, kv_len: int, batch: int = 1) -> tuple[StepInputs, KVStore]:
-        """Inputs of the right shapes for tracing a decode graph."""
-        inputs = self.decode_fresh(torch.full((batch,), 3), torch.full((batch,), kv_len - 1))
-        return inputs, self.new_store(batch, kv_len)
+        """Inputs of the right shapes for tracing a decode graph, and its store."""
+        return self.example_step("decode", kv_len, batch), self.new_store(batch, kv_len)
 
 
 __all__ = ["HostInputs"]

@@ -125,6 +125,49 @@ def decode_writes(
     return full, sliding
 
 
+def verify_maps(
+    positions: torch.Tensor, kv_len: int, window: int | None, ring: int | None, dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Masks and write maps of a verify step: ``S`` new tokens per row at consecutive ``positions`` [batch, S]
+    (the last accepted token, then the drafted ones), all written before any is attended.
+
+    Returns (mask full [batch, 1, S, kv_len], mask sliding [batch, 1, S, ring or kv_len], write full [batch, S,
+    kv_len], write sliding [batch, S, ring or kv_len]). Query ``i`` sees the slots holding positions up to its own
+    (within the window on sliding layers). A position past the store (``>= kv_len``) writes nothing.
+
+    A ring must hold ``window + S - 1`` slots or more (:func:`verify_ring`): writing the step's ``S`` rows first
+    then overwrites only positions older than every query's window, and a drafted row that is rejected (written at
+    a position the next step writes again) is never read as an older position."""
+    check_verify_ring(ring, window, positions.shape[1])
+    slots = torch.arange(kv_len, device=positions.device)[None, None, :]
+    q = positions[:, :, None]  # [batch, S, 1]
+    full = slots <= q
+    write_full = (slots == q).to(dtype)
+    if window is None:
+        sliding, write_sliding = full, write_full
+    elif ring is None:
+        sliding, write_sliding = full & (q - slots < window), write_full
+    else:
+        held = ring_positions(positions[:, -1], ring)[:, None, :]  # [batch, 1, ring] after the step's writes
+        sliding = (held >= 0) & (held <= q) & (q - held < window)
+        ring_slots = torch.arange(ring, device=positions.device)[None, None, :]
+        write_sliding = ((ring_slots == torch.remainder(q, ring)) & (q < kv_len)).to(dtype)
+    return (_additive(full, dtype)[:, None], _additive(sliding, dtype)[:, None], write_full,
+            write_sliding)
+
+
+def check_verify_ring(ring: int | None, window: int | None, steps: int) -> None:
+    """Refuse a ring too small for verify steps of ``steps`` tokens (:func:`verify_maps`)."""
+    if ring is not None and window is not None and ring < window + steps - 1:
+        raise ValueError(f"a verify step of {steps} tokens needs rings of at least window + {steps - 1} = "
+                         f"{window + steps - 1} slots, found {ring}")
+
+
+def verify_ring(window: int, draft_tokens: int) -> int:
+    """Ring slots a sliding owner needs for verify steps of ``draft_tokens + 1`` tokens (:func:`verify_maps`)."""
+    return window + draft_tokens
+
+
 def last_token_onehot(positions: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """positions [batch, bucket], lengths [batch] -> [batch, bucket] selecting each row's last real
     prompt position (none for a row of length 0)."""
@@ -168,6 +211,9 @@ __all__ = [
     "decode_masks",
     "decode_writes",
     "last_token_onehot",
+    "verify_maps",
+    "verify_ring",
+    "check_verify_ring",
     "StepMaps",
     "step_maps",
 ]

@@ -100,13 +100,14 @@ class Port:
             raise ValueError("the runners are still the eager graphs; compile before releasing them")
         self.graphs = None
 
-    def example_inputs(self, kind: str, size: int, batch: int = 1) -> tuple[StepInputs, KVStore]:
-        """Inputs and a store of the right shapes for tracing the ``kind`` graph of ``size`` (the store at the
-        largest KV length for graphs over one store)."""
-        inputs, store = self.inputs.example_prefill(size, batch) if kind == "prefill" else self.inputs.example_decode(size, batch)
+    def example_inputs(self, kind: str, size: int, batch: int = 1, store_rows: int | None = None
+                       ) -> tuple[StepInputs, KVStore]:
+        """Inputs of ``batch`` rows and a store of the right shapes for tracing the ``kind`` graph of ``size``. For
+        graphs over one store, the store is that one: the largest KV length, ``store_rows`` rows (default ``batch``;
+        a decode graph of fewer rows takes the whole store)."""
         if self.graphs is not None and self.graphs.one_store:
-            store = self.inputs.new_store(batch, self.stores.kv_len)
-        return inputs, store
+            return self.inputs.example_step(kind, size, batch), self.inputs.new_store(store_rows or batch, self.stores.kv_len)
+        return self.inputs.example_prefill(size, batch) if kind == "prefill" else self.inputs.example_decode(size, batch)
 
     def check_batch(self, rows: int) -> None:
         """Raise :class:`BucketError` when compiled runners cannot take ``rows`` rows."""

@@ -24,8 +24,9 @@ from neuron_port.graph.shapes import decode_rows_for, rows_for
 from neuron_port.graph.step import Runnable, StepInputs
 from neuron_port.progress import progress
 
-Examples = Callable[[str, int, int], tuple[StepInputs, KVStore]]
-"""(kind "prefill" | "decode", size, batch) -> example inputs and store for tracing."""
+Examples = Callable[[str, int, int, int], tuple[StepInputs, KVStore]]
+"""(kind "prefill" | "decode", size, rows, store rows) -> example inputs of ``rows`` rows and a store for tracing
+(of ``store rows`` rows where the graphs share one store: a graph of fewer rows takes the whole store)."""
 
 
 @dataclass
@@ -99,9 +100,7 @@ def compile_graphs(graphs: GraphSet, backend: GraphCompiler, examples: Examples,
     for kind, size, graph, n in progress(jobs, desc=desc, unit="graph"):
         graph.kv_write = kv_write if kind == "decode" else KVWrite.BLEND
         graph.leading_update = leading if kind == "prefill" else None
-        inputs, store = examples(kind, size, n)
-        if graphs.one_store and n != batch:
-            store = examples(kind, size, batch)[1]  # the one store holds every row
+        inputs, store = examples(kind, size, n, batch)
         out.setdefault((kind, n), {})[size] = backend.compile(graph, [*inputs, *store.tensors()], graph.aliases)
     return Runners(out[("prefill", batch)], out[("decode", batch)], batch if static else None, kv_write, compiled=True,
                    inference_mode=backend.inference_mode,

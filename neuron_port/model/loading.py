@@ -112,11 +112,12 @@ def _seed_biases(model: nn.Module, std: float, generator: torch.Generator) -> No
 
 
 def model_from_name(name: str, tiny: bool = False, seed: int = 0, dtype: torch.dtype = torch.float32,
-                    quant: str = "none") -> nn.Module:
+                    quant: str = "none", config: Any = None) -> nn.Module:
     """Random weights for a shipped name, or real weights for a local model directory; ``quant``
     (:data:`~neuron_port.model.quant.QUANT_SCHEMES`) quantizes the float32 weights, then the rest is cast
     to ``dtype``, so an int8 projection is the same in every dtype (the quantization of the float32
-    weight, as the reference's is)."""
+    weight, as the reference's is). ``config``: the text config of ``name`` (with ``tiny``) when the
+    caller has read it already."""
     check_scheme(quant)
     load_dtype = torch.float32 if quant != "none" else dtype
     path = Path(name)
@@ -126,7 +127,7 @@ def model_from_name(name: str, tiny: bool = False, seed: int = 0, dtype: torch.d
                               f"{name} (its weights are real: drop --tiny, or give its config.json)")
         model = load_model_dir(path, dtype=load_dtype)
     else:
-        model = build_model(load_config(name, tiny=tiny), seed=seed, dtype=load_dtype)
+        model = build_model(config if config is not None else load_config(name, tiny=tiny), seed=seed, dtype=load_dtype)
     if quant == "none":
         return model
     return cast_weights(apply_quant(model, quant), dtype)

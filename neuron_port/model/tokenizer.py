@@ -21,10 +21,13 @@ def decode_completion(model_dir: str | Path, tokens: list[int], stop_ids: list[i
     as transformers' ``decode(..., skip_special_tokens=True)`` leaves them (and a final stop token
     that is not special); None when the directory has no tokenizer."""
     tok = load_tokenizer(model_dir)
-    if tok is None:
-        return None
+    return None if tok is None else decode_tokens(tok, tokens, stop_ids)
+
+
+def decode_tokens(tokenizer: Tokenizer, tokens: list[int], stop_ids: list[int] = ()) -> str:
+    """:func:`decode_completion` through a tokenizer already loaded."""
     shown = tokens[:-1] if tokens and tokens[-1] in stop_ids else tokens
-    return tok.decode(list(shown), skip_special_tokens=True)
+    return tokenizer.decode(list(shown), skip_special_tokens=True)
 
 
-__all__ = ["load_tokenizer", "decode_completion"]
+__all__ = ["load_tokenizer", "decode_completion", "decode_tokens"]

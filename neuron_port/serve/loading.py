@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from neuron_port.generation.chat import ChatFormat, chat_format, generation_eos_ids
+from neuron_port.generation.chat import ChatFormat, chat_format
+from neuron_port.generation.opened import OpenedModel
 from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape
-from neuron_port.model.tokenizer import load_tokenizer
 from neuron_port.serve.engine import ADMISSIONS, Engine
 
 
@@ -44,50 +43,45 @@ class Served:
         return self.tokenizer.encode(text).ids
 
 
-def _artifact_port(path: Path) -> tuple[Port, Any, int, Any]:
-    """Rank 0's port of an artifact, its config, its batch, and the follower ranks of a tp > 1 one."""
+def _artifact_port(opened: OpenedModel) -> tuple[Port, int, Any]:
+    """Rank 0's port of an artifact, its batch, and the follower ranks of a tp > 1 one."""
     from neuron_port.artifacts.manifest import verify
-    from neuron_port.artifacts.reader import artifact_setup, load_rank_port
-    from neuron_port.model.configs import load_config
+    from neuron_port.artifacts.reader import load_rank_port
 
-    manifest = verify(path)
-    config = load_config(path / "config.json")
+    manifest = verify(opened.directory)
     if manifest.host_ranks == 1:
-        return load_rank_port(path, manifest, 0), config, manifest.batch, None
+        return load_rank_port(opened.directory, manifest, 0), manifest.batch, None
     from neuron_port.serve.lockstep import Lockstep
 
-    family = artifact_setup(path, manifest).layout.family
-    lockstep = Lockstep(path, manifest, manifest.batch, family.special_ids(config).pad or 0)
-    return lockstep.port, config, manifest.batch, lockstep
+    lockstep = Lockstep(opened.directory, manifest, manifest.batch, opened.special.pad or 0)
+    return lockstep.port, manifest.batch, lockstep
 
 
-def _model_port(target: str, tiny: bool, seed: int, shape: PortShape, slim: bool, max_batch: int,
-                dtype: str = "fp32", quant: str = "none") -> tuple[Port, Any, int | None]:
+def _model_port(opened: OpenedModel, seed: int, shape: PortShape, slim: bool, max_batch: int,
+                dtype: str = "fp32", quant: str = "none") -> tuple[Port, int | None]:
     from neuron_port.backends import get_backend
-    from neuron_port.families import family_of
     from neuron_port.model.layout import describe
     from neuron_port.model.loading import model_from_name, parse_dtype
     from neuron_port.parallel.ranks import RankSetup, run_ranks
 
-    model = model_from_name(target, tiny=tiny, seed=seed, dtype=parse_dtype(dtype), quant=quant)
-    config = family_of(model).text_config_of(model)
+    model = model_from_name(opened.source, tiny=opened.tiny, seed=seed, dtype=parse_dtype(dtype), quant=quant,
+                            config=opened.config)
     port = run_ranks(lambda rank: Port.for_rank(rank, shape), RankSetup.for_layout(describe(model), 1), model)[0]
     del model
     if not slim:
-        return port, config, None
+        return port, None
     port.compile(get_backend("cpu"), batch=max_batch)
     port.release_graphs()
-    return port, config, max_batch
+    return port, max_batch
 
 
-def _served_tokenizer(path: Path, tiny: bool, vocab_size: int):
-    if path.is_dir():
-        return load_tokenizer(path)
-    if tiny:
-        from neuron_port.model.localdir import build_tokenizer
+def _served_tokenizer(opened: OpenedModel) -> Any:
+    """The model's tokenizer; a tiny random model's a word-level one over its vocabulary (so it takes text)."""
+    if opened.directory is not None or not opened.tiny:
+        return opened.tokenizer
+    from neuron_port.model.localdir import build_tokenizer
 
-        return build_tokenizer(vocab_size)
-    return None
+    return build_tokenizer(opened.vocab_size)
 
 
 def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = False, max_batch: int = 4,
@@ -105,22 +99,19 @@ def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = Fal
     """
     if batching not in ADMISSIONS:
         raise ValueError(f"batching must be one of {ADMISSIONS}, found {batching!r}")
-    path = Path(target)
+    opened = OpenedModel.open(target, tiny=tiny)
     lockstep = None
-    if (path / "manifest.json").exists():
-        port, config, fixed, lockstep = _artifact_port(path)
+    if opened.artifact:
+        port, fixed, lockstep = _artifact_port(opened)
     else:
-        port, config, fixed = _model_port(target, tiny, seed, PortShape(buckets, kv_lens), slim, max_batch, dtype, quant)
-    family = port.layout.family
-    special = family.special_ids(config)
-    tokenizer = _served_tokenizer(path, tiny, port.layout.vocab_size)
-    engine = Engine(port, tokenizer, slots=fixed or max_batch, max_queue=max_queue, pad_id=special.pad or 0,
+        port, fixed = _model_port(opened, seed, PortShape(buckets, kv_lens), slim, max_batch, dtype, quant)
+    tokenizer = _served_tokenizer(opened)
+    engine = Engine(port, tokenizer, slots=fixed or max_batch, max_queue=max_queue, pad_id=opened.special.pad or 0,
                     lockstep=lockstep, admission=batching)
-    name = model_id or (path.name if path.is_dir() else target)
-    eos = tuple(dict.fromkeys((*special.eos, *generation_eos_ids(path if path.is_dir() else None, family))))
-    return Served(name, engine, tokenizer, family.vocab_size(config), eos,
-                  max(port.buckets), port.buckets, chat_format(family, tokenizer, path if path.is_dir() else None),
-                  port.kv_len, special.bos)
+    name = model_id or (opened.directory.name if opened.directory is not None else target)
+    chat = opened.chat if tokenizer is opened.tokenizer else chat_format(opened.family, tokenizer, opened.directory)
+    return Served(name, engine, tokenizer, opened.vocab_size, opened.eos_ids, max(port.buckets), port.buckets, chat,
+                  port.kv_len, opened.special.bos)
 
 
 __all__ = ["Served", "load_served"]

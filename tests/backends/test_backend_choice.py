@@ -51,6 +51,20 @@ def test_the_resident_kv_backends_build_every_graph_at_once(tiny_e2b):
             port.compile(backend)
 
 
+def test_every_name_makes_its_own_backend_object():
+    """The registry's factory is the only dispatch: each name's object, with the options the name fixes."""
+    from neuron_port.backends.cpu import CpuBackend
+    from neuron_port.backends.neuron import NeuronBackend
+    from neuron_port.backends.nxd_artifact import NxdBackend
+    from neuron_port.backends.xla import XlaBackend
+
+    want = {"cpu": CpuBackend, "cpu-eager": CpuBackend, "xla": XlaBackend, "neuron": NeuronBackend, "nxd": NxdBackend}
+    assert {name: importlib.import_module(spec.factory.split(":")[0]).__dict__[spec.factory.split(":")[1]]
+            for name, spec in BACKENDS.items()} == want
+    assert get_backend("cpu").mode == "jit" and get_backend("cpu-eager").mode == "eager"
+    assert get_backend("cpu", passes=False).passes is False
+
+
 def test_an_unknown_backend_is_refused_with_the_names_there_are():
     from neuron_port.backends import require_backend
     from neuron_port.errors import NeuronPortError

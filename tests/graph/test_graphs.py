@@ -72,7 +72,7 @@ def test_compiling_asks_decode_graphs_only_for_the_row_write(tiny_e2b):
     assert not isinstance(_LoaderOnly(), GraphCompiler)
     with pytest.raises(NeuronPortError, match="_LoaderOnly compiles no graph in process"):
         compile_graphs(graphs, _LoaderOnly(), port.example_inputs)
-    compile_graphs(graphs, backend, lambda kind, size, batch: (
+    compile_graphs(graphs, backend, lambda kind, size, batch, store_rows: (
         port.inputs.example_prefill(size, batch) if kind == "prefill" else port.inputs.example_decode(size, batch)))
     assert backend.asked == {("prefill", 8): KVWrite.BLEND, ("prefill", 16): KVWrite.BLEND,
                              ("decode", 32): KVWrite.ROWS, ("decode", 64): KVWrite.ROWS}

@@ -52,7 +52,7 @@ def test_every_benchmark_has_a_smoke_test_and_a_readme_entry():
     # (the xla virtualenv)
     tested = {"host_overhead.py", "decode_vs_hf.py", "kv_memory.py", "slim_rss.py", "host_step.py", "cpu_backend.py",
               "xla_lowering.py", "decode_cost.py", "serve_bench.py", "bf16_accuracy.py", "weights_once.py", "nxd_build_memory.py",
-              "lm_eval_parity.py", "int8_accuracy.py", "shard_vs_plan.py"}
+              "lm_eval_parity.py", "int8_accuracy.py", "shard_vs_plan.py", "call_path.py"}
     assert set(SCRIPTS) <= tested, f"no smoke test for {set(SCRIPTS) - tested}"
 
 
@@ -147,6 +147,16 @@ def test_int8_accuracy_smoke(smollm2_dir):
     assert row["int8_exact"]["max_logit_error"] < 1e-4 < row["int8"]["logit_error"]["max"]
     assert row["int8_head_exact"]["max_logit_error"] < 1e-4 and 0.9 < row["int8_head_to_peer_perplexity_ratio"] < 1.1
     assert row["int8"]["perplexity"] != row["reference_perplexity"]
+
+
+def test_call_path_smoke(tiny_e2b_artifact):
+    out = _run("call_path.py", "--rev", "HEAD", "--", "generate", str(tiny_e2b_artifact), "--prompt-len", "6",
+               "--max-new-tokens", "2", "--json")
+    now, then = out["trees"]
+    assert now["exit_code"] == then["exit_code"] == 0 and then["tree"] == "HEAD"
+    assert _positive(now["modules_entered"], now["calls"], then["modules_entered"], out["ratio"]["calls"])
+    assert set(now["call_sites"]) == {"family_for", "family_of", "describe", "load_config"}
+    assert now["largest_module"]["lines"] <= 400 and now["largest_class"]["lines"] > 0
 
 
 def test_nxd_build_memory_smoke():

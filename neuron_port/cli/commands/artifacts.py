@@ -74,14 +74,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from neuron_port.checks.reference import reference_model
     from neuron_port.checks.validation import artifact_run_report, artifact_self_checks, compare_with_reference
     from neuron_port.errors import ArtifactError
-    from neuron_port.families import family_for
-    from neuron_port.generation.chat import generation_stop_ids
     from neuron_port.generation.generate import generate
+    from neuron_port.generation.opened import OpenedModel
     from neuron_port.generation.request import GenerationRequest
-    from neuron_port.model.configs import load_config
     from neuron_port.model.loading import parse_dtype
     from neuron_port.model.quant import scheme_flags
-    from neuron_port.model.tokenizer import decode_completion
 
     manifest = verify(args.dir, args.allow_version_mismatch)
     if args.dtype is not None and parse_dtype(args.dtype) != manifest.dtype:
@@ -92,24 +89,22 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         asked, compiled = scheme_flags(args.quant), scheme_flags(compiled_quant)
         raise ArtifactError(f"{asked}: the artifact {args.dir} was compiled with {compiled}; compile it again with "
                             f"{asked}, or drop --quant")
-    config = load_config(Path(args.dir) / "config.json")
-    family = family_for(config.model_type)
-    special = family.special_ids(config)
-    prompt = prompt_from_args(args, args.dir, family.vocab_size(config), special.bos)
+    opened = OpenedModel.open(args.dir)
+    prompt = prompt_from_args(args, opened)
     texts = args.prompt is not None or args.chat is not None
-    stop_ids = generation_stop_ids(args.dir, special.eos, args.chat is not None, eos_means_end=texts,
-                                   stop_at_eos=args.stop_at_eos)
+    stop_ids = opened.stop_ids(args.chat is not None, eos_means_end=texts, stop_at_eos=args.stop_at_eos)
     request = GenerationRequest.greedy([prompt], args.max_new_tokens, stop_ids, keep_logits=args.check)
-    stream = text_stream(args, args.dir)  # the answer as it comes, for a person reading a text prompt's
+    stream = text_stream(args, opened)  # the answer as it comes, for a person reading a text prompt's
     result = generate(args.dir, request, manifest=manifest, tokenizer=stream.tokenizer if stream else None, on_token=stream)
-    checked = CheckedRun(run=artifact_run_report(args.dir, manifest, prompt, result))
     if args.check:
         reference = reference_model(manifest)
         checked = artifact_self_checks(args.dir, manifest, reference, prompt, result)
         checked.match = compare_with_reference(result.tokens[0], reference, prompt, args.max_new_tokens, stop_ids)
+    else:
+        checked = CheckedRun(run=artifact_run_report(args.dir, manifest, prompt, result))
     checked.run["dtype"] = str(manifest.dtype)
     if texts:
-        checked.run["text"] = decode_completion(args.dir, result.tokens[0], stop_ids)
+        checked.run["text"] = opened.decode(result.tokens[0], stop_ids)
     return emit_generation(checked, args, stream)
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from neuron_port.checks.checked_run import CheckedRun
+    from neuron_port.generation.opened import OpenedModel
 
 
 def print_json(data: Any) -> None:
@@ -60,23 +61,15 @@ def int_list(text: str) -> list[int]:
     return values
 
 
-def prompt_from_args(args: argparse.Namespace, source: str, vocab: int, bos: int | None) -> list[int]:
-    """``--chat MESSAGE`` through ``source``'s chat format, ``--prompt TEXT`` tokenised with its
+def prompt_from_args(args: argparse.Namespace, opened: OpenedModel) -> list[int]:
+    """``--chat MESSAGE`` through the model's chat format, ``--prompt TEXT`` tokenised with its
     tokenizer.json (special tokens as the tokenizer adds them), or ``--prompt-len`` seeded random
-    ids with ``bos`` first."""
-    from neuron_port.errors import PromptError
-    from neuron_port.generation.prompts import random_prompt, text_prompt
-
+    ids with BOS first."""
     if getattr(args, "chat", None) is not None:
-        from neuron_port.generation.chat import chat_format_of
-
-        fmt, tok = chat_format_of(source) if Path(source).exists() else (None, None)
-        if tok is None:
-            raise PromptError(f"--chat needs a tokenizer.json in {source}; it has none")
-        return fmt.encode([{"role": "user", "content": args.chat}], tok, bos)
+        return opened.chat_prompt(args.chat)
     if args.prompt is not None:
-        return text_prompt(source, args.prompt)
-    return random_prompt(vocab, args.prompt_len, args.seed, bos)
+        return opened.text_prompt(args.prompt)
+    return opened.random_prompt(args.prompt_len, args.seed)
 
 
 def context_warning(out: dict[str, Any], asked: int | None) -> str | None:
@@ -102,15 +95,12 @@ class TextStream:
             self.streamed = True
 
 
-def text_stream(args: argparse.Namespace, directory: str | Path) -> TextStream | None:
-    """A :class:`TextStream` over ``directory``'s tokenizer for a text prompt (``--prompt``, ``--chat``) printed for
-    people; None for ``--json``, a random prompt or a directory without a tokenizer."""
-    from neuron_port.model.tokenizer import load_tokenizer
-
+def text_stream(args: argparse.Namespace, opened: OpenedModel) -> TextStream | None:
+    """A :class:`TextStream` over the model's tokenizer for a text prompt (``--prompt``, ``--chat``) printed for
+    people; None for ``--json``, a random prompt or a model without a tokenizer."""
     if args.json or (getattr(args, "prompt", None) is None and getattr(args, "chat", None) is None):
         return None
-    tokenizer = load_tokenizer(directory) if Path(directory).is_dir() else None
-    return TextStream(tokenizer) if tokenizer is not None else None
+    return TextStream(opened.tokenizer) if opened.tokenizer is not None else None
 
 
 def summary_line(out: dict[str, Any]) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_port.cli.commands.common import (
@@ -25,15 +24,14 @@ if TYPE_CHECKING:
 def _cmd_port(args: argparse.Namespace) -> int:
     from neuron_port.backends import backend_spec, check_backend_tp, require_backend
     from neuron_port.checks.checked_run import CheckedRun
-    from neuron_port.generation.chat import generation_stop_ids
     from neuron_port.generation.generate import generate
+    from neuron_port.generation.opened import OpenedModel
     from neuron_port.generation.prompts import staggered_prompts
     from neuron_port.generation.request import GenerationRequest
     from neuron_port.graph.kv import naive_kv_bytes
     from neuron_port.graph.shapes import PortShape
     from neuron_port.model.layout import describe
     from neuron_port.model.loading import model_from_name, parse_dtype
-    from neuron_port.model.tokenizer import decode_completion
     from neuron_port.parallel.ranks import RankSetup
 
     spec = backend_spec(args.backend)
@@ -47,20 +45,17 @@ def _cmd_port(args: argparse.Namespace) -> int:
         from neuron_port.backends.xla import require_xla
 
         require_xla()  # before any model is built: one line saying how to install it
-    model = model_from_name(args.model, tiny=args.tiny, seed=args.seed, dtype=parse_dtype(args.dtype), quant=args.quant)
+    opened = OpenedModel.open(args.model, tiny=args.tiny)
+    model = model_from_name(args.model, tiny=args.tiny, seed=args.seed, dtype=parse_dtype(args.dtype), quant=args.quant,
+                            config=opened.config)
     setup = RankSetup.for_layout(describe(model), args.tp)
-    family = setup.layout.family
-    config = family.text_config_of(model)
-    special = family.special_ids(config)
-    is_dir = Path(args.model).is_dir()
-    stop_ids = generation_stop_ids(args.model if is_dir else None, special.eos, args.chat is not None,
-                                   eos_means_end=is_dir, stop_at_eos=args.stop_at_eos)
-    prompt = prompt_from_args(args, args.model, family.vocab_size(config), special.bos)
+    stop_ids = opened.stop_ids(args.chat is not None, stop_at_eos=args.stop_at_eos)
+    prompt = prompt_from_args(args, opened)
     prompts = staggered_prompts(prompt, args.batch)
     layout = setup.layout
     shape = PortShape(args.buckets, args.kv_len)
     request = GenerationRequest.greedy(prompts, args.max_new_tokens, stop_ids, keep_logits=args.check)
-    stream = text_stream(args, args.model)  # the answer as it comes, for a person reading a text prompt's
+    stream = text_stream(args, opened)  # the answer as it comes, for a person reading a text prompt's
     result = generate(model, request, shape=shape, setup=setup, backend="xla" if args.backend == "xla" else "eager",
                       tokenizer=stream.tokenizer if stream else None, on_token=stream)
     out: dict[str, Any] = {
@@ -86,11 +81,11 @@ def _cmd_port(args: argparse.Namespace) -> int:
         out["decode_cost"] = result.lowering["decode_cost"]  # bytes a decode step moves per device, against its minimum
     if args.batch > 1:
         out["rows"] = [{"prompt_tokens": len(p), "tokens": t} for p, t in zip(prompts, result.tokens, strict=True)]
-    if is_dir and (args.prompt is not None or args.chat is not None):
-        out["text"] = decode_completion(args.model, result.tokens[0], stop_ids)
+    if opened.real_weights and (args.prompt is not None or args.chat is not None):
+        out["text"] = opened.decode(result.tokens[0], stop_ids)
     checked = CheckedRun(run=out)
     if args.check:
-        _check_run(checked, model, setup, shape, prompts, result, args, stop_ids, is_dir)
+        _check_run(checked, model, setup, shape, prompts, result, args, stop_ids, opened.real_weights)
     return emit_generation(checked, args, stream)
 
 
