@@ -108,6 +108,8 @@ def generate(
     longest = max(len(p) for p in request.prompts)
     if isinstance(source, nn.Module):
         shape = shape or PortShape((32, 64, 128), 256)
+        if request.draft_tokens > shape.draft_tokens:  # verify graphs for the drafts, rings that hold them
+            shape = PortShape(shape.buckets, shape.kv_lens, shape.ring_buffers, request.draft_tokens)
         select_bucket(longest, shape.buckets)  # fail before any work
         setup = _setup_for(source, setup, tp)
         if backend == "xla":

@@ -59,7 +59,7 @@ def run_request(port: Port, request: GenerationRequest, tokenizer: Any = None, p
     t_dec = time.perf_counter()
     while batch.active:
         s0 = time.perf_counter()
-        outcomes = batch.step()
+        outcomes = batch.verify_step(batch.lookup_drafts(request.draft_tokens)) if request.draft_tokens else batch.step()
         result.graph_s += batch.last.graph_s
         result.host_s += time.perf_counter() - s0 - batch.last.graph_s
         result.step_kv_lens.append(batch.last.kv_len)
@@ -67,6 +67,7 @@ def run_request(port: Port, request: GenerationRequest, tokenizer: Any = None, p
         result.decode_steps += 1
         _record(result, batch, outcomes, request, on_token)
     result.decode_s = time.perf_counter() - t_dec
+    result.drafted, result.accepted = batch.drafted, batch.accepted
     return result
 
 

@@ -49,17 +49,21 @@ class GenerationRequest:
     """A batch of prompts (``[batch][prompt tokens]``) and each row's parameters.
 
     ``params``: one :class:`GenerationParams` for every row, or one per row. ``keep_logits``: the
-    result carries the raw logits [batch, vocab] of every step (before the host softcap)."""
+    result carries the raw logits [batch, vocab] of every step (before the host softcap). ``draft_tokens``:
+    speculative decoding by prompt lookup, up to that many drafted tokens checked per verify step (0: none; the
+    port must be built with at least as many, ``PortShape(..., draft_tokens=)``)."""
 
     prompts: tuple[tuple[int, ...], ...]
     params: tuple[GenerationParams, ...]
     keep_logits: bool
+    draft_tokens: int = 0
 
     def __init__(
         self,
         prompts: Sequence[Sequence[int]],
         params: GenerationParams | Sequence[GenerationParams] = GenerationParams(),
         keep_logits: bool = False,
+        draft_tokens: int = 0,
     ):
         rows = tuple(tuple(int(t) for t in p) for p in prompts)
         per_row = tuple(params) if isinstance(params, (list, tuple)) else (params,) * len(rows)
@@ -73,20 +77,28 @@ class GenerationRequest:
         object.__setattr__(self, "prompts", rows)
         object.__setattr__(self, "params", per_row)
         object.__setattr__(self, "keep_logits", bool(keep_logits))
+        if int(draft_tokens) < 0:
+            raise ValueError(f"draft_tokens is 0 (no speculation) or more, found {draft_tokens}")
+        if draft_tokens and keep_logits:
+            raise ValueError("a request keeping every step's logits runs plain steps: verify steps keep none yet "
+                             "(drop keep_logits or draft_tokens)")
+        object.__setattr__(self, "draft_tokens", int(draft_tokens))
 
     @classmethod
     def greedy(
-        cls, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int] = (), keep_logits: bool = False
+        cls, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int] = (), keep_logits: bool = False,
+        draft_tokens: int = 0,
     ) -> GenerationRequest:
         """Greedy decoding of every prompt for up to ``max_new_tokens``, stopping at ``stop_ids``."""
-        return cls(prompts, GenerationParams(int(max_new_tokens), stop_token_ids=tuple(int(t) for t in stop_ids)), keep_logits)
+        return cls(prompts, GenerationParams(int(max_new_tokens), stop_token_ids=tuple(int(t) for t in stop_ids)), keep_logits,
+                   draft_tokens)
 
     @property
     def batch(self) -> int:
         return len(self.prompts)
 
     def without_logits(self) -> GenerationRequest:
-        return GenerationRequest(self.prompts, self.params, False)
+        return GenerationRequest(self.prompts, self.params, False, self.draft_tokens)
 
 
 @dataclass
@@ -101,7 +113,8 @@ class GenerationResult:
     rank's store at its largest KV length;
     ``kv_cache_bytes_per_layer``: rank 0's, by owner layer; ``rank_disagreement``: some rank
     produced other tokens than rank 0 (a broken collective); ``lowering``: the XLA backend's report
-    of its graphs when the source was lowered through torch-xla."""
+    of its graphs when the source was lowered through torch-xla. ``drafted`` and ``accepted``: speculative
+    decoding's drafted tokens verified and those kept (rank 0's)."""
 
     tokens: list[list[int]]
     texts: list[str]
@@ -119,6 +132,8 @@ class GenerationResult:
     dtype_bytes: int = 4
     rank_disagreement: bool = False
     lowering: dict[str, Any] | None = None  # how the graphs lowered, where the backend reports it (xla)
+    drafted: int = 0
+    accepted: int = 0
 
     @classmethod
     def empty(cls, batch: int) -> GenerationResult:
@@ -126,7 +141,10 @@ class GenerationResult:
 
     @property
     def decode_tok_per_s(self) -> float | None:
-        return round(self.decode_steps / self.decode_s, 3) if self.decode_s > 0 else None
+        """Tokens a row made per second of decoding (after its first, from the prefill): the longest row's, so a
+        plain run's decode steps per second, and a speculative run's tokens, several a step."""
+        made = max((len(t) for t in self.tokens), default=1) - 1
+        return round(made / self.decode_s, 3) if self.decode_s > 0 else None
 
     @property
     def kv_cache_bytes(self) -> int:

@@ -49,6 +49,7 @@ from neuron_port.generation.request_state import (
     prefill_length,
     prompt_scores,
 )
+from neuron_port.generation.speculative import ngram_draft
 from neuron_port.graph.kv import KVStore
 from neuron_port.graph.shapes import select_bucket
 from neuron_port.graph.step import run_step
@@ -85,6 +86,7 @@ class SlotBatch:
         self.tokens = torch.full((slots,), pad_id, dtype=torch.long)
         self.store: KVStore | None = None
         self.mode = torch.inference_mode if port.runners.inference_mode else torch.no_grad
+        self.drafted = self.accepted = 0  # speculative decoding: drafted tokens verified, and those kept
 
     @property
     def free(self) -> list[int]:
@@ -253,6 +255,75 @@ class SlotBatch:
             self.positions[active] += 1
             self._note(kv, rows, host, graph, active, [logits[s] for s in active])
             return self._advance(active, [logits[s] for s in active], 1e3 * host, 1e3 * graph)
+
+    # ---- speculative decoding ------------------------------------------------------------------------
+    def lookup_drafts(self, draft_tokens: int) -> dict[int, list[int]]:
+        """Prompt-lookup drafts of up to ``draft_tokens`` tokens for each active slot
+        (:func:`~neuron_port.generation.speculative.ngram_draft` over its prompt and tokens): none for a row still
+        scoring its prompt, and never past the store (the fed token and its drafts must fit)."""
+        drafts = {}
+        for slot in self.active:
+            row = self.rows[slot]
+            room = self.kv_len - 1 - int(self.positions[slot])
+            if row.forced or room < 1:
+                drafts[slot] = []
+                continue
+            drafts[slot] = ngram_draft(row.history, min(draft_tokens, room), stop_ids=row.params.stop_token_ids)
+        return drafts
+
+    def verify_step(self, drafts: dict[int, Sequence[int]]) -> list[Outcome]:
+        """One verify step of the active slots: each feeds its pending token then its drafted tokens (``drafts[slot]``,
+        at most the port's ``draft_tokens``), the target's logits of every fed position come back in one call, and
+        each slot emits tokens from them in order while they equal its draft: sampled as a plain step samples them
+        (greedy: the argmax), so with a deterministic draft the output is distributed as without one (speculative
+        sampling's rule for a one-hot draft), and greedy output is token for token the same. Without drafts it is
+        a plain :meth:`step`. Eager ports over their own store (``Port.over_model(..., draft_tokens=k)``)."""
+        active = self.active
+        longest = max((len(drafts.get(slot, ())) for slot in active), default=0)
+        if not longest or self.store is None:
+            return self.step()
+        if self.keep_logits:
+            raise ValueError("a batch keeping every step's logits runs plain steps (verify steps keep none yet)")
+        if self.port.batch is not None or self.port.runners.one_store or longest + 1 not in self.port.runners.verify:
+            raise ValueError(f"a verify step of {longest + 1} tokens needs an eager port built with draft_tokens >= "
+                             f"{longest} (verify graphs {sorted(self.port.runners.verify)})")
+        with self.mode():
+            t0 = time.perf_counter()
+            rows, width = max(active) + 1, longest + 1
+            fed = torch.full((rows, width), self.pad_id, dtype=torch.long)
+            fed[:, 0] = self.tokens[:rows]
+            for slot in active:
+                fed[slot, 1: 1 + len(drafts.get(slot, ()))] = torch.as_tensor(list(drafts.get(slot, ())), dtype=torch.long)
+            inputs = self.port.inputs.verify(fed, torch.clamp(self.positions[:rows], max=self.kv_len - 1))
+            whole = rows == self.slots
+            store = self.store if whole else self.store.prefix(self.port.stores.largest, rows)
+            host = time.perf_counter() - t0
+            g0 = time.perf_counter()
+            logits, answer = run_step(self.port.runners.verify[width], inputs, store)
+            self.store = answer if whole else self.store
+            if not whole:
+                self.store.write_prefix(answer)
+            graph = time.perf_counter() - g0
+            self._note(self.kv_len, rows, host, graph, [], [])
+            out: list[Outcome] = []
+            for slot in active:
+                out += self._accept(slot, list(drafts.get(slot, ())), logits[slot], 1e3 * host, 1e3 * graph)
+            return out
+
+    def _accept(self, slot: int, draft: list[int], logits: torch.Tensor, host_ms: float, graph_ms: float) -> list[Outcome]:
+        """Emit ``slot``'s tokens from its verify rows ``logits`` [len(draft) + 1, vocab] while they equal its draft."""
+        out: list[Outcome] = []
+        start = int(self.positions[slot])
+        self.drafted += len(draft)
+        for i in range(len(draft) + 1):
+            self.positions[slot] = start + i + 1
+            emitted = self._advance([slot], [logits[i]], host_ms, graph_ms)
+            out += emitted
+            event = emitted[0][1] if emitted else None
+            if self.rows[slot] is None or i == len(draft) or not isinstance(event, TokenEvent) or event.token_id != draft[i]:
+                break
+            self.accepted += 1
+        return out
 
 
 __all__ = ["SlotBatch", "StepInfo", "Outcome"]

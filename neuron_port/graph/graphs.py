@@ -25,7 +25,7 @@ decode graph per KV length.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -181,14 +181,11 @@ class StaticLMGraph(nn.Module):
         lengths: torch.Tensor,
         *kv: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
-        spec = self.spec
         slot_ids, kv = (kv[0], kv[1:]) if self.slot_input else (None, kv)
         if self.read_slots is not None and self.kv_write is not KVWrite.ROWS:
             raise ValueError(f"decode on a prefix of a larger store writes its new rows by scatter: expected kv_write "
                              f"{KVWrite.ROWS.value!r}, found {self.kv_write.value!r}")
-        maps = masks.step_maps(position_ids, lengths, self.prefill, spec.kv_len, spec.window, spec.ring, inputs_embeds.dtype,
-                               slot_ids)
-        writes = None if self.prefill else {"full": maps.write_full, "sliding": maps.write_sliding}
+        mask, writes, pick = self._maps(position_ids, lengths, inputs_embeds.dtype, slot_ids)
         if self.rows is not None and inputs_embeds.shape[0] != self.rows:
             raise ValueError(f"a decode graph over {self.rows} rows of its store, found {inputs_embeds.shape[0]} rows")
         cache = OneHotCache(self.store, kv, writes, self.prefill, self.kv_write, position_ids, lengths, self.read_slots,
@@ -196,7 +193,7 @@ class StaticLMGraph(nn.Module):
         extra = self.family.text_model_extra_inputs(per_layer) if self.has_ple else {}
         out = self.family.text_model(self.model)(
             inputs_embeds=inputs_embeds,
-            attention_mask=self.family.attention_mask_argument({"full": maps.mask_full, "sliding": maps.mask_sliding}),
+            attention_mask=self.family.attention_mask_argument(mask),
             position_ids=position_ids,
             cache=cache,
             use_cache=True,
@@ -204,9 +201,20 @@ class StaticLMGraph(nn.Module):
             **self._attention_kwargs(),
         )
         hidden = out.last_hidden_state  # [batch, seq, hidden]
-        last = torch.einsum("bs,bsh->bh", maps.last_onehot.to(hidden.dtype), hidden)
-        logits = head_logits(self.family, self.model, last)
-        return (logits, *cache.outputs())
+        return (self._logits(hidden, pick), *cache.outputs())
+
+    def _maps(self, position_ids: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype,
+              slot_ids: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None, torch.Tensor]:
+        """(masks by attention kind, decode's write maps by kind or None in prefill, the last-token pick [batch, seq])."""
+        spec = self.spec
+        maps = masks.step_maps(position_ids, lengths, self.prefill, spec.kv_len, spec.window, spec.ring, dtype, slot_ids)
+        writes = None if self.prefill else {"full": maps.write_full, "sliding": maps.write_sliding}
+        return {"full": maps.mask_full, "sliding": maps.mask_sliding}, writes, maps.last_onehot
+
+    def _logits(self, hidden: torch.Tensor, pick: torch.Tensor) -> torch.Tensor:
+        """hidden [batch, seq, hidden] -> raw logits [batch, vocab] of each row's last token."""
+        last = torch.einsum("bs,bsh->bh", pick.to(hidden.dtype), hidden)
+        return head_logits(self.family, self.model, last)
 
 
 def head_logits(family: Any, model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -246,14 +254,44 @@ class DecodeGraph(StaticLMGraph):
         return graph
 
 
+class VerifyGraph(StaticLMGraph):
+    """A verify step of speculative decoding: ``tokens`` new tokens per row at consecutive positions (the last
+    accepted token, then the drafted ones), all written into the store before any is attended
+    (:func:`~neuron_port.graph.masks.verify_maps`: the store's rings must hold ``window + tokens - 1`` slots,
+    ``kv_store_spec(..., draft_tokens=tokens - 1)``). Returns raw logits ``[batch, tokens, vocab]``: row ``i`` is
+    the distribution after the first ``i + 1`` of them. A drafted row that is rejected stays in the store at a
+    position the next step writes again before reading it. Eager (``KVWrite.BLEND``) writes for now."""
+
+    def __init__(self, model: nn.Module, spec: KVStoreSpec, tokens: int,
+                 kv_expand: Mapping[int, torch.Tensor] | None = None):
+        super().__init__(model, spec, prefill=False, seq=tokens, kv_expand=kv_expand)
+
+    def _maps(self, position_ids: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype,
+              slot_ids: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
+        if self.kv_write is not KVWrite.BLEND:
+            raise ValueError(f"a verify step writes its rows by one-hot blend for now: expected kv_write "
+                             f"{KVWrite.BLEND.value!r}, found {self.kv_write.value!r}")
+        if position_ids.shape[1] != self.seq:
+            raise ValueError(f"a verify graph of {self.seq} tokens, found position ids {tuple(position_ids.shape)}")
+        spec = self.spec
+        m_full, m_slide, w_full, w_slide = masks.verify_maps(position_ids, spec.kv_len, spec.window, spec.ring, dtype)
+        return {"full": m_full, "sliding": m_slide}, {"full": w_full, "sliding": w_slide}, position_ids
+
+    def _logits(self, hidden: torch.Tensor, pick: torch.Tensor) -> torch.Tensor:
+        """hidden [batch, tokens, hidden] -> raw logits [batch, tokens, vocab] of every token."""
+        return head_logits(self.family, self.model, hidden)
+
+
 @dataclass
 class GraphSet:
-    """One rank's graphs: a prefill graph per prompt bucket, a decode graph per KV length. ``one_store``:
+    """One rank's graphs: a prefill graph per prompt bucket, a decode graph per KV length, and (a port for
+    speculative decoding) a verify graph per token count over the store at the largest KV length. ``one_store``:
     every graph takes and returns the one store at the largest KV length (see :func:`build_graphs`)."""
 
     prefill: dict[int, PrefillGraph]
     decode: dict[int, DecodeGraph]
     one_store: bool = False
+    verify: dict[int, VerifyGraph] = field(default_factory=dict)
 
 
 def build_graphs(model: nn.Module, stores: StoreShapes, kv_expand: Mapping[int, torch.Tensor] | None = None,
@@ -266,9 +304,17 @@ def build_graphs(model: nn.Module, stores: StoreShapes, kv_expand: Mapping[int, 
     backend's KV write must be ``KVWrite.ROWS``). That is the shape of a device that keeps the store aliased
     between steps (xla): no store is copied between lengths.
 
+    A port for speculative decoding (``stores.shape.draft_tokens`` k > 0) also gets a verify graph of each of 2 to
+    k + 1 tokens over the store at the largest KV length (one token is a decode step).
+
     The graphs share ``model``, which is switched to the library's attention function: pass a
     copy where the original must stay Hugging Face's reference.
     """
+    k = stores.shape.draft_tokens
+    if one_store and k:
+        raise ValueError("verify graphs write by one-hot blend over their own store: a port over one store "
+                         "(xla) has none yet; build it with draft_tokens=0")
+    verify = {s: VerifyGraph(model, stores.largest, s, kv_expand) for s in range(2, k + 2)}
     if one_store:
         prefill = {b: PrefillGraph(model, stores.largest, b, kv_expand) for b in stores.buckets}
         decode = {kv: DecodeGraph(model, stores.specs[kv], kv_expand, store=stores.largest) for kv in stores.kv_lens}
@@ -277,8 +323,8 @@ def build_graphs(model: nn.Module, stores: StoreShapes, kv_expand: Mapping[int, 
         return GraphSet(prefill, decode, one_store=True)
     prefill = {b: PrefillGraph(model, stores.specs[stores.prefill_kv[b]], b, kv_expand) for b in stores.buckets}
     decode = {kv: DecodeGraph(model, stores.specs[kv], kv_expand) for kv in stores.kv_lens}
-    return GraphSet(prefill, decode)
+    return GraphSet(prefill, decode, verify=verify)
 
 
-__all__ = ["OneHotCache", "StaticLMGraph", "head_logits", "PrefillGraph", "DecodeGraph",
+__all__ = ["OneHotCache", "StaticLMGraph", "head_logits", "PrefillGraph", "DecodeGraph", "VerifyGraph",
            "GraphSet", "build_graphs"]

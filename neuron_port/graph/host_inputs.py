@@ -50,6 +50,16 @@ class HostInputs:
         positions = positions.to(torch.long)
         return StepInputs(embeds, per_layer, positions[:, None], positions + 1)
 
+    def verify(self, tokens: torch.Tensor, start: torch.Tensor) -> StepInputs:
+        """tokens [batch, S] (the last accepted token, then the drafted ones), start [batch] (the first one's position)
+        -> a verify step's inputs: positions ``start .. start + S - 1``, lengths ``start + S``."""
+        if tokens.ndim != 2 or start.shape != (tokens.shape[0],):
+            raise ValueError(f"a verify step takes tokens [batch, S] and start [batch], found {tuple(tokens.shape)} and "
+                             f"{tuple(start.shape)}")
+        embeds, per_layer = self.embeddings.embed(tokens)
+        positions = start.to(torch.long)[:, None] + torch.arange(tokens.shape[1])[None, :]
+        return StepInputs(embeds, per_layer, positions, positions[:, -1] + 1)
+
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> StepInputs:
         """The same values as :meth:`decode_fresh`, written into tensors reused every step (one set per
         batch size): consume them before the next call."""

@@ -58,8 +58,9 @@ class KVStoreSpec:
 
     @property
     def ring(self) -> int | None:
-        """Slots of the sliding owners' rings (the window), or None when the store has no ring."""
-        return self.window if any(s.ring for s in self.slots) else None
+        """Slots of the sliding owners' rings (the window, more for verify steps: :func:`kv_store_spec`), or None
+        when the store has no ring."""
+        return next((s.slots for s in self.slots if s.ring), None)
 
     def bytes_per_layer(self, batch: int = 1, dtype_bytes: int = 2) -> dict[int, int]:
         return {s.layer: s.bytes(batch, dtype_bytes) for s in self.slots}
@@ -174,17 +175,20 @@ def kv_store_spec(
     kv_len: int,
     ring_buffers: bool = True,
     kv_heads: dict[int, int] | None = None,
+    draft_tokens: int = 0,
 ) -> KVStoreSpec:
     """The store of a layout for a KV length.
 
     ``ring_buffers=False`` gives sliding owners the full ``kv_len`` (the field report's
     design); ``kv_heads`` overrides the KV-head count per layer (a tensor-parallel rank's
-    local count).
+    local count); ``draft_tokens``: the most drafted tokens a verify step checks, whose rings hold that
+    many slots more than the window (:func:`~neuron_port.graph.masks.verify_ring`).
     """
     window = layout.sliding_window
+    ring_slots = window + draft_tokens if window is not None else None
     slots = []
     for spec in layout.owner_specs():
-        ring = ring_buffers and spec.attention == "sliding" and window < kv_len
+        ring = ring_buffers and spec.attention == "sliding" and ring_slots < kv_len
         n_kv = kv_heads[spec.index] if kv_heads is not None else spec.n_kv
         slots.append(
             KVSlotSpec(
@@ -192,7 +196,7 @@ def kv_store_spec(
                 attention=spec.attention,
                 n_kv=n_kv,
                 head_dim=spec.head_dim,
-                slots=window if ring else kv_len,
+                slots=ring_slots if ring else kv_len,
                 ring=ring,
             )
         )

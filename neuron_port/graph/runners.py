@@ -45,7 +45,8 @@ class Runners:
     rows fit runs the smaller graph on the first rows of the same store (:meth:`decode_step`). ``one_store``:
     every runner takes and returns the one store at the largest KV length, all of its rows (graphs built with
     ``one_store``: :func:`~neuron_port.graph.graphs.build_graphs`; a decode runner over fewer rows reads and writes
-    the first of them), so nothing is viewed or copied between lengths or row counts.
+    the first of them), so nothing is viewed or copied between lengths or row counts. ``verify``: verify runners
+    by token count, over the store at the largest KV length (speculative decoding; eager graphs only for now).
     """
 
     prefill: dict[int, Runnable]
@@ -57,6 +58,7 @@ class Runners:
     resident_kv: bool = False
     decode_rows: dict[int, dict[int, Runnable]] = field(default_factory=dict)
     one_store: bool = False
+    verify: dict[int, Runnable] = field(default_factory=dict)
 
     def decode_step(self, needed: int, kv: int) -> tuple[int, Runnable]:
         """(rows, runner) of a decode step at KV length ``kv`` whose occupied rows are the first ``needed``:
@@ -72,7 +74,7 @@ class Runners:
 
 def eager_runners(graphs: GraphSet) -> Runners:
     """The graphs themselves, run eagerly (any batch, one-hot KV writes)."""
-    return Runners(dict(graphs.prefill), dict(graphs.decode), one_store=graphs.one_store)
+    return Runners(dict(graphs.prefill), dict(graphs.decode), one_store=graphs.one_store, verify=dict(graphs.verify))
 
 
 def compile_graphs(graphs: GraphSet, backend: GraphCompiler, examples: Examples, batch: int = 1, desc: str = "compiling",
@@ -90,6 +92,9 @@ def compile_graphs(graphs: GraphSet, backend: GraphCompiler, examples: Examples,
         raise NeuronPortError(f"{type(backend).__name__} compiles no graph in process (it is no GraphCompiler): "
                               "ModelBuilder's backends (neuron, nxd) build whole artifacts, with "
                               "'neuron-port compile MODEL --backend nxd --out DIR'")
+    if graphs.verify:
+        raise NeuronPortError("verify graphs (speculative decoding) run eagerly for now: build the port with "
+                              "draft_tokens=0 to compile it")
     kv_write, leading, static = KVWrite(backend.kv_write), backend.leading_update, backend.fixed_batch
     extra = list(decode_rows_for(batch, decode_rows)) if static else []
     jobs = [("prefill", b, g, batch) for b, g in graphs.prefill.items()]

@@ -72,22 +72,30 @@ class PortShape:
     """Prompt buckets and KV lengths a port is built for (sorted, distinct; JSON-able).
 
     ``ring_buffers=False`` gives sliding owners full-length buffers (the field report's design).
+    ``draft_tokens``: the most drafted tokens a verify step checks (speculative decoding; 0: none): the port gets
+    verify graphs of 2 to ``draft_tokens + 1`` tokens and rings of ``window + draft_tokens`` slots.
     """
 
     buckets: tuple[int, ...]
     kv_lens: tuple[int, ...]
     ring_buffers: bool = True
+    draft_tokens: int = 0
 
-    def __init__(self, buckets: int | Sequence[int], kv_lens: int | Sequence[int], ring_buffers: bool = True):
+    def __init__(self, buckets: int | Sequence[int], kv_lens: int | Sequence[int], ring_buffers: bool = True,
+                 draft_tokens: int = 0):
         object.__setattr__(self, "buckets", _sizes(buckets))
         object.__setattr__(self, "kv_lens", _sizes(kv_lens))
         object.__setattr__(self, "ring_buffers", bool(ring_buffers))
+        object.__setattr__(self, "draft_tokens", int(draft_tokens))
         b, kv = self.buckets, self.kv_lens
         if not b or not kv or b[0] < 1 or b[-1] > kv[-1]:
             raise BucketError(f"prompt buckets {list(b)} must be positive and at most the largest KV length {list(kv)}")
+        if self.draft_tokens < 0:
+            raise BucketError(f"a verify step checks 0 or more drafted tokens, found draft_tokens={self.draft_tokens}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"buckets": list(self.buckets), "kv_lens": list(self.kv_lens), "ring_buffers": self.ring_buffers}
+        out = {"buckets": list(self.buckets), "kv_lens": list(self.kv_lens), "ring_buffers": self.ring_buffers}
+        return {**out, "draft_tokens": self.draft_tokens} if self.draft_tokens else out
 
     def stores(self, layout: Layout, kv_heads: dict[int, int] | None = None) -> StoreShapes:
         """The shapes one rank gets (``kv_heads``: its local KV-head count per layer)."""
@@ -113,7 +121,7 @@ class StoreShapes:
 
     @classmethod
     def of(cls, layout: Layout, shape: PortShape, kv_heads: dict[int, int] | None = None) -> StoreShapes:
-        specs = {kv: kv_store_spec(layout, kv, shape.ring_buffers, kv_heads) for kv in shape.kv_lens}
+        specs = {kv: kv_store_spec(layout, kv, shape.ring_buffers, kv_heads, shape.draft_tokens) for kv in shape.kv_lens}
         prefill_kv = {b: next(kv for kv in shape.kv_lens if kv >= b) for b in shape.buckets}
         return cls(shape, specs, prefill_kv)
 

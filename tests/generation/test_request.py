@@ -23,3 +23,17 @@ def test_a_result_crosses_a_process_whole():
     assert back.tokens == result.tokens and back.texts == ["ab"] and back.kv_len == 64
     assert torch.equal(back.step_logits[0], result.step_logits[0])
     assert "step_logits" not in result.to_json() and result.to_json()["kv_cache_bytes"] == 128
+
+
+def test_a_speculative_request_is_refused_what_it_cannot_keep():
+    assert GenerationRequest.greedy([[2, 3]], 4, draft_tokens=3).without_logits().draft_tokens == 3
+    with pytest.raises(ValueError, match="0 \\(no speculation\\) or more, found -1"):
+        GenerationRequest([[2]], draft_tokens=-1)
+    with pytest.raises(ValueError, match="verify steps keep none yet"):
+        GenerationRequest.greedy([[2]], 4, keep_logits=True, draft_tokens=2)
+
+
+def test_decode_rate_counts_tokens_so_a_verify_step_counts_every_token_it_makes():
+    plain = GenerationResult([[5, 6, 7, 8]], [""], ["length"], decode_s=1.5, decode_steps=3)
+    spec = GenerationResult([[5, 6, 7, 8]], [""], ["length"], decode_s=1.5, decode_steps=1)  # one step, three tokens
+    assert plain.decode_tok_per_s == spec.decode_tok_per_s == 2.0

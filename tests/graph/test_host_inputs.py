@@ -71,3 +71,17 @@ def test_no_step_input_grows_with_the_kv_length(tiny_e2b):
     port = Port.over_model(tiny_e2b, PortShape([16], [32, 512]))
     (prefill, _), (decode, _) = port.example_inputs("prefill", 16), port.example_inputs("decode", 512)
     assert all(t.numel() <= 16 * tiny_e2b.config.hidden_size * 4 for t in (*prefill, *decode))
+
+
+def test_a_verify_step_feeds_its_tokens_at_consecutive_positions(tiny_e2b):
+    port = Port.over_model(tiny_e2b, PortShape([16], [64]))
+    tokens, start = torch.tensor([[5, 6, 7], [8, 9, 10]]), torch.tensor([4, 20])
+    inputs = port.inputs.verify(tokens, start)
+    embeds, per_layer = port.inputs.embeddings.embed(tokens)
+    assert torch.equal(inputs.inputs_embeds, embeds) and torch.equal(inputs.per_layer, per_layer)
+    assert inputs.position_ids.tolist() == [[4, 5, 6], [20, 21, 22]] and inputs.lengths.tolist() == [7, 23]
+    one = port.inputs.verify(tokens[:, :1], start)  # one token: a decode step's inputs
+    fresh = port.inputs.decode_fresh(tokens[:, 0], start)
+    assert all(torch.equal(a, b) for a, b in zip(one, fresh, strict=True))
+    with pytest.raises(ValueError, match="tokens \\[batch, S\\] and start \\[batch\\]"):
+        port.inputs.verify(tokens[0], start)

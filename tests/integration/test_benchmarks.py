@@ -52,7 +52,8 @@ def test_every_benchmark_has_a_smoke_test_and_a_readme_entry():
     # (the xla virtualenv)
     tested = {"host_overhead.py", "decode_vs_hf.py", "kv_memory.py", "slim_rss.py", "host_step.py", "cpu_backend.py",
               "xla_lowering.py", "decode_cost.py", "serve_bench.py", "bf16_accuracy.py", "weights_once.py", "nxd_build_memory.py",
-              "lm_eval_parity.py", "int8_accuracy.py", "shard_vs_plan.py", "call_path.py"}
+              "lm_eval_parity.py", "int8_accuracy.py", "shard_vs_plan.py", "call_path.py",
+              "speculative_lookup.py"}
     assert set(SCRIPTS) <= tested, f"no smoke test for {set(SCRIPTS) - tested}"
 
 
@@ -147,6 +148,13 @@ def test_int8_accuracy_smoke(smollm2_dir):
     assert row["int8_exact"]["max_logit_error"] < 1e-4 < row["int8"]["logit_error"]["max"]
     assert row["int8_head_exact"]["max_logit_error"] < 1e-4 and 0.9 < row["int8_head_to_peer_perplexity_ratio"] < 1.1
     assert row["int8"]["perplexity"] != row["reference_perplexity"]
+
+
+def test_speculative_lookup_smoke(smollm2_dir):
+    out = _run_here("speculative_lookup.py", "--models", "smollm2-135m", "--prompts", "1", "--new-tokens", "8", "--json")
+    (model,) = out["models"]
+    assert model["prompts"][0]["drafted"] > 0 and _positive(model["plain_tok_per_s"], model["speculative_tok_per_s"])
+    assert 0 <= model["acceptance_rate"] <= 1 and model["tokens_per_step"] >= 1
 
 
 def test_call_path_smoke(tiny_e2b_artifact):

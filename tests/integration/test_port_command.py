@@ -54,3 +54,28 @@ def test_prompt_over_largest_bucket_is_a_clear_error():
     assert res.returncode != 0
     assert "200 tokens" in res.stderr and "largest prompt bucket (64)" in res.stderr
     assert res.stdout == ""
+
+
+def test_port_speculates_on_all_three_sizes_and_keeps_hugging_faces_tokens():
+    """``--speculate ngram`` against transformers' greedy generate on the same random weights (E2B also at tp 2)."""
+    from neuron_port.checks.oracle import reference_generate
+    from neuron_port.generation.prompts import random_prompt
+    from neuron_port.model.loading import build_model
+
+    kept = 0
+    for name, tp in (("gemma-4-e2b", 1), ("gemma-4-e2b", 2), ("gemma-4-e4b", 1), ("gemma-4-12b", 1)):
+        d = _port_json(name, "--tiny", "--speculate", "ngram", "--draft-tokens", "3", "--tp", str(tp))
+        config = load_config(name, tiny=True)
+        prompt = random_prompt(config.vocab_size, 24, 0, config.bos_token_id)
+        assert d["tokens"] == reference_generate(build_model(config, seed=0), prompt, 48).tokens, name
+        spec = d["speculation"]
+        assert spec["drafted"] > 0 and spec["verify_steps"] + spec["accepted"] == 47, (name, spec)  # 48 - the prefill's
+        kept += spec["accepted"]
+    assert kept > 0  # drafts were kept somewhere: the check is not only of verify steps that keep nothing
+
+
+def test_what_speculation_cannot_do_yet_is_said_before_any_model_is_built():
+    for extra, said in ((["--check"], "verify steps do not keep"), (["--draft-tokens", "0"], "1 or more"),
+                        (["--backend", "xla"], "cpu backend")):
+        res = run_cli("port", "gemma-4-e2b", "--tiny", "--speculate", "ngram", *extra, "--json")
+        assert res.returncode != 0 and said in res.stderr and res.stdout == "", res.stderr

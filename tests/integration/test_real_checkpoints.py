@@ -88,6 +88,18 @@ def test_port_check_on_real_weights(name, tp, request):
 
 
 @pytest.mark.parametrize("name", ["smollm2_dir", "gemma3_dir"])
+def test_prompt_lookup_speculation_keeps_hugging_faces_greedy_text(name, request):
+    """``port --speculate ngram``: every draft checked by one verify step; the text is transformers' greedy text."""
+    directory = request.getfixturevalue(name)
+    prompt = "The capital of France is Paris. The capital of Italy is Rome. The capital of France is"
+    out = run_cli_json("port", str(directory), "--prompt", prompt, "--max-new-tokens", "24", "--speculate", "ngram")
+    _, hf_new, hf_text = _hf_continuation(directory, prompt, 24)
+    assert out["tokens"] == hf_new and out["text"] == hf_text, (out["text"], hf_text)
+    spec = out["speculation"]
+    assert spec["drafted"] > 0 and 0 < spec["acceptance_rate"] <= 1 and spec["tokens_per_step"] > 1
+
+
+@pytest.mark.parametrize("name", ["smollm2_dir", "gemma3_dir"])
 def test_port_check_in_bf16_within_the_measured_tolerance(name, request):
     from neuron_port.checks.selfcheck import REDUCED_PRECISION_LOGIT_TOLERANCE
 

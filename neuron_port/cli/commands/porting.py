@@ -36,6 +36,7 @@ def _cmd_port(args: argparse.Namespace) -> int:
 
     spec = backend_spec(args.backend)
     check_backend_tp(args.backend, args.tp)
+    _refuse_speculation(args)
     require_backend(args.backend)  # before any model is built: one line naming the SDK it needs
     if not spec.in_process:
         from neuron_port.errors import NeuronPortError
@@ -53,8 +54,10 @@ def _cmd_port(args: argparse.Namespace) -> int:
     prompt = prompt_from_args(args, opened)
     prompts = staggered_prompts(prompt, args.batch)
     layout = setup.layout
-    shape = PortShape(args.buckets, args.kv_len)
-    request = GenerationRequest.greedy(prompts, args.max_new_tokens, stop_ids, keep_logits=args.check)
+    draft_tokens = args.draft_tokens if args.speculate else 0
+    shape = PortShape(args.buckets, args.kv_len, draft_tokens=draft_tokens)
+    request = GenerationRequest.greedy(prompts, args.max_new_tokens, stop_ids, keep_logits=args.check,
+                                       draft_tokens=draft_tokens)
     stream = text_stream(args, opened)  # the answer as it comes, for a person reading a text prompt's
     result = generate(model, request, shape=shape, setup=setup, backend="xla" if args.backend == "xla" else "eager",
                       tokenizer=stream.tokenizer if stream else None, on_token=stream)
@@ -79,6 +82,8 @@ def _cmd_port(args: argparse.Namespace) -> int:
     if result.lowering is not None:
         out["xla"] = result.lowering
         out["decode_cost"] = result.lowering["decode_cost"]  # bytes a decode step moves per device, against its minimum
+    if args.speculate:
+        out["speculation"] = _speculation(args, result)
     if args.batch > 1:
         out["rows"] = [{"prompt_tokens": len(p), "tokens": t} for p, t in zip(prompts, result.tokens, strict=True)]
     if opened.real_weights and (args.prompt is not None or args.chat is not None):
@@ -87,6 +92,31 @@ def _cmd_port(args: argparse.Namespace) -> int:
     if args.check:
         _check_run(checked, model, setup, shape, prompts, result, args, stop_ids, opened.real_weights)
     return emit_generation(checked, args, stream)
+
+
+def _refuse_speculation(args: argparse.Namespace) -> None:
+    """What ``--speculate`` cannot do yet, said before any model is built."""
+    from neuron_port.errors import NeuronPortError
+
+    if not args.speculate:
+        return
+    if args.draft_tokens < 1:
+        raise NeuronPortError(f"--draft-tokens is 1 or more with --speculate, found {args.draft_tokens}")
+    if args.backend != "cpu":
+        raise NeuronPortError(f"--speculate runs the verify graphs eagerly on the cpu backend; found --backend "
+                              f"{args.backend}: drop --speculate or use --backend cpu")
+    if args.check:
+        raise NeuronPortError("--check compares every step's logits, which verify steps do not keep yet: check the "
+                              "port without --speculate, then compare the texts (speculation keeps greedy output)")
+
+
+def _speculation(args: argparse.Namespace, result) -> dict[str, Any]:
+    """What speculation did: drafted and kept tokens, the acceptance rate, and tokens per target step."""
+    made = sum(len(t) for t in result.tokens) - len(result.tokens)  # after each row's first (the prefill's)
+    return {"method": args.speculate, "draft_tokens": args.draft_tokens, "drafted": result.drafted,
+            "accepted": result.accepted, "acceptance_rate": round(result.accepted / result.drafted, 4) if result.drafted
+            else None, "verify_steps": result.decode_steps,
+            "tokens_per_step": round(made / result.decode_steps, 4) if result.decode_steps else None}
 
 
 def _check_run(checked: CheckedRun, model, setup, shape, prompts: list[list[int]], result, args: argparse.Namespace,
@@ -144,6 +174,12 @@ def add(sub) -> None:
                      help="stop at the end-of-sequence token (default for real weights)")
     eos.add_argument("--ignore-eos", dest="stop_at_eos", action="store_false",
                      help="never stop at end-of-sequence (default for random weights)")
+    p.add_argument("--speculate", choices=["ngram"], default=None,
+                   help="speculative decoding: ngram drafts by prompt lookup (the continuation of an earlier occurrence "
+                        "of the text's last tokens), every draft checked by one verify step of the target; greedy "
+                        "output is unchanged (cpu backend, eager graphs)")
+    p.add_argument("--draft-tokens", type=int, default=4, metavar="K",
+                   help="--speculate: drafted tokens checked per verify step at most (default 4)")
     p.add_argument("--check", action="store_true", help="compare with Hugging Face generate (greedy) on CPU and run "
                    "the self-checks (host embeddings, attention function, every step's logits)")
     p.add_argument("--logit-tolerance", type=float, default=None,
