@@ -7,7 +7,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy.stats import chi2
 
 from neuron_port.generation.speculative import Accepted, greedy_accept, ngram_draft, rejection_accept
 
@@ -86,6 +85,21 @@ def test_a_verify_step_of_the_wrong_length_is_refused():
 VOCAB, K, DRAWS = 5, 2, 30_000
 
 
+def _chi2_critical(df: int, tail: float) -> float:
+    """The chi-square value exceeded with probability ``tail`` at an even ``df``: its survival function is
+    ``exp(-x/2) * sum_{i < df/2} (x/2)^i / i!``, solved by bisection (no scipy in every test environment)."""
+    import math
+
+    def survival(x: float) -> float:
+        return math.exp(-x / 2) * sum((x / 2) ** i / math.factorial(i) for i in range(df // 2))
+
+    low, high = 0.0, 1000.0
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if survival(mid) > tail else (low, mid)
+    return high
+
+
 def _distributions(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     p = torch.softmax(2 * torch.randn(K + 1, VOCAB, generator=gen, dtype=torch.float64), -1)
@@ -120,10 +134,14 @@ def _first_token_statistic(rule, seed: int) -> float:
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_rejection_rule_keeps_the_targets_distribution_and_wrong_rules_do_not(seed):
-    bound = chi2.ppf(1 - 1e-6, VOCAB - 1)  # a right rule exceeds it once in a million runs
+    bound = _chi2_critical(VOCAB - 1, 1e-6)  # a right rule exceeds it once in a million runs
     assert _first_token_statistic(rejection_accept, seed) < bound
     assert _first_token_statistic(_always_accept, seed) > bound
     assert _first_token_statistic(_resample_from_target, seed) > bound
+
+
+def test_the_critical_value_is_the_chi_square_tables():
+    assert abs(_chi2_critical(4, 0.05) - 9.4877) < 1e-3 and abs(_chi2_critical(2, 0.01) - 9.2103) < 1e-3
 
 
 def test_a_one_hot_draft_is_kept_with_the_targets_probability():
