@@ -182,40 +182,8 @@ def chat_format(family: DecoderFamily, tokenizer: Any, directory: str | Path | N
     return ChatFormat(family, chat_template(directory), tuple(dict.fromkeys(stops)), specials)
 
 
-def chat_format_of(model_dir: str | Path) -> tuple[ChatFormat, Any]:
-    """The chat format of a model or artifact directory and its tokenizer (None without tokenizer.json)."""
-    from neuron_port.families import family_for
-    from neuron_port.model.configs import load_config
-    from neuron_port.model.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(model_dir)
-    return chat_format(family_for(load_config(model_dir).model_type), tokenizer, model_dir), tokenizer
-
-
-def stop_token_ids(model_dir: str | Path | None, eos: tuple[int, ...], chat: bool) -> list[int]:
-    """End-of-sequence ids of a model: its config's (``eos``) and ``generation_config.json``'s; with
-    ``chat``, its chat format's turn-ending ids too (:func:`chat_format`, which holds the former)."""
-    ids = [*eos, *generation_eos_ids(model_dir)]
-    if chat and model_dir is not None:
-        ids += chat_format_of(model_dir)[0].stop_ids
-    return list(dict.fromkeys(ids))
-
-
-def generation_stop_ids(model_dir: str | Path | None, eos: tuple[int, ...], chat: bool, eos_means_end: bool,
-                        stop_at_eos: bool | None = None) -> list[int]:
-    """The ids a generation stops at: :func:`stop_token_ids` where the end-of-sequence token means
-    the end (``eos_means_end``: real weights, or a text prompt; a random-weight model's EOS is
-    noise and a random prompt's run a measurement), none otherwise; ``stop_at_eos`` (the commands'
-    ``--stop-at-eos`` / ``--ignore-eos``) decides instead when given."""
-    stop = eos_means_end if stop_at_eos is None else stop_at_eos
-    return stop_token_ids(model_dir, eos, chat) if stop else []
-
-
 __all__ = [
     "CHAT_TEMPLATE_FILE",
-    "chat_format_of",
-    "stop_token_ids",
-    "generation_stop_ids",
     "special_tokens",
     "tokenizer_config",
     "generation_config",

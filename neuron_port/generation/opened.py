@@ -49,13 +49,6 @@ class OpenedModel:
         config = load_config(str(source), tiny=tiny and not artifact)
         return cls(str(source), directory, artifact, tiny, config, family_for(config.model_type))
 
-    @classmethod
-    def of_config(cls, config: Any, directory: str | Path | None = None, tiny: bool = False) -> OpenedModel:
-        """A model whose text config is already built (a model in memory), its files in ``directory``."""
-        where = Path(directory) if directory is not None else None
-        artifact = where is not None and (where / "manifest.json").exists()
-        return cls(str(where or config.model_type), where, artifact, tiny, config, family_for(config.model_type))
-
     @property
     def real_weights(self) -> bool:
         """Whether the weights come from a checkpoint (a directory), not a seeded random init."""
@@ -80,8 +73,9 @@ class OpenedModel:
         return chat_format(self.family, self.tokenizer, self.directory)
 
     @cached_property
-    def _eos_ids(self) -> tuple[int, ...]:
-        """The config's end-of-sequence ids and ``generation_config.json``'s."""
+    def eos_ids(self) -> tuple[int, ...]:
+        """Every end-of-sequence id, the config's and then ``generation_config.json``'s, whatever a run's
+        stop policy."""
         return tuple(dict.fromkeys((*self.special.eos, *generation_eos_ids(self.directory, self.family))))
 
     def stop_ids(self, chat: bool = False, eos_means_end: bool | None = None, stop_at_eos: bool | None = None) -> list[int]:
@@ -92,13 +86,8 @@ class OpenedModel:
         means_end = self.real_weights if eos_means_end is None else eos_means_end
         if not (means_end if stop_at_eos is None else stop_at_eos):
             return []
-        ids = [*self._eos_ids, *(self.chat.stop_ids if chat and self.directory is not None else ())]
+        ids = [*self.eos_ids, *(self.chat.stop_ids if chat and self.directory is not None else ())]
         return list(dict.fromkeys(ids))
-
-    @property
-    def eos_ids(self) -> tuple[int, ...]:
-        """Every end-of-sequence id (config and generation config), whatever a run's stop policy."""
-        return self._eos_ids
 
     # ---- prompts and text ------------------------------------------------------------------------------
     def _needs_tokenizer(self, what: str) -> Any:

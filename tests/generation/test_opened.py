@@ -10,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neuron_port.generation import opened as opened_module
-from neuron_port.generation.chat import chat_format_of, generation_stop_ids
+from neuron_port.generation.chat import chat_format
 from neuron_port.generation.opened import OpenedModel
 from neuron_port.model.configs import load_config
 from neuron_port.model.loading import build_model
 from neuron_port.model.localdir import write_model_dir
-from neuron_port.model.tokenizer import decode_completion
+from neuron_port.model.tokenizer import decode_completion, load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,8 @@ def test_a_directory_opens_to_its_config_family_and_files(model_dir):
     assert opened.directory == model_dir and not opened.artifact and opened.real_weights
     assert opened.family.name == "llama" and opened.vocab_size == opened.config.vocab_size
     assert opened.eos_ids[-2:] == (7, 9)  # the generation config's, after the config's own
-    fmt, tokenizer = chat_format_of(model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    fmt = chat_format(opened.family, tokenizer, model_dir)
     assert opened.chat.stop_ids == fmt.stop_ids and opened.tokenizer.get_vocab() == tokenizer.get_vocab()
     tokens = opened.text_prompt("the user is")
     assert opened.decode(tokens, [tokens[-1]]) == decode_completion(model_dir, tokens, [tokens[-1]])
@@ -42,8 +43,13 @@ def test_a_directory_opens_to_its_config_family_and_files(model_dir):
 @given(chat=st.booleans(), eos_means_end=st.none() | st.booleans(), stop_at_eos=st.none() | st.booleans())
 def test_stop_ids_are_what_the_files_give(model_dir, chat, eos_means_end, stop_at_eos):
     opened = OpenedModel.open(model_dir)
-    want = generation_stop_ids(model_dir, opened.special.eos, chat, eos_means_end=True if eos_means_end is None
-                               else eos_means_end, stop_at_eos=stop_at_eos)
+    config_eos = json.loads((model_dir / "config.json").read_text())["eos_token_id"]
+    config_eos = config_eos if isinstance(config_eos, list) else [config_eos]
+    files = [*config_eos, *json.loads((model_dir / "generation_config.json").read_text())["eos_token_id"]]
+    if chat:  # the chat format's turn-ending ids, from the tokenizer's own special tokens
+        files += chat_format(opened.family, load_tokenizer(model_dir), model_dir).stop_ids
+    means_end = True if eos_means_end is None else eos_means_end  # a directory holds real weights
+    want = list(dict.fromkeys(files)) if (means_end if stop_at_eos is None else stop_at_eos) else []
     assert opened.stop_ids(chat, eos_means_end, stop_at_eos) == want
 
 
