@@ -69,6 +69,11 @@ class TensorFileError(NeuronPortError, ValueError):
     """A safetensors file that is truncated, malformed or lacks what was asked for."""
 
 
+class DrafterError(NeuronPortError, ValueError):
+    """A speculative-decoding drafter that does not fit its target: another vocabulary, a backbone width other
+    than the target's hidden size, or attention shapes other than the target's K/V it reads."""
+
+
 class PromptError(NeuronPortError, ValueError):
     """A prompt that cannot be built as asked."""
 

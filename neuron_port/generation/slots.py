@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -52,7 +52,10 @@ from neuron_port.generation.request_state import (
 from neuron_port.generation.speculative import ngram_draft
 from neuron_port.graph.kv import KVStore
 from neuron_port.graph.shapes import select_bucket
-from neuron_port.graph.step import run_step
+from neuron_port.graph.step import run_step_hidden
+
+if TYPE_CHECKING:
+    from neuron_port.generation.drafting import ModelDrafter
 
 Outcome = tuple[Any, "TokenEvent | PromptScores | BaseException"]
 """(the request's owner, its next event or the error that ended it)."""
@@ -74,8 +77,12 @@ class StepInfo:
 class SlotBatch:
     """``slots`` requests decoding together over one port (rank 0's, or a tp 1 port)."""
 
-    def __init__(self, port, slots: int, tokenizer: Any = None, pad_id: int = 0, keep_logits: bool = False):
+    def __init__(self, port, slots: int, tokenizer: Any = None, pad_id: int = 0, keep_logits: bool = False,
+                 drafter: ModelDrafter | None = None):
         port.check_batch(slots)
+        # a Gemma-4 drafter reading this batch's store (its port's graphs return their hidden states); None: drafts,
+        # if any, come by prompt lookup
+        self.drafter = drafter
         self.port, self.slots, self.tokenizer, self.pad_id = port, slots, tokenizer, pad_id
         self.keep_logits = keep_logits  # each step's logits stay in ``last`` (an offline run's checks read them)
         self.last = StepInfo()
@@ -100,6 +107,8 @@ class SlotBatch:
         """Free ``slot`` (its request finished, failed or was cancelled); returns its owner."""
         owner, self.rows[slot], self.owners[slot] = self.owners[slot], None, None
         self.tokens[slot] = self.pad_id
+        if self.drafter is not None:
+            self.drafter.forget(slot)
         return owner
 
     def _event(self, slot: int, step, host_ms: float, graph_ms: float) -> TokenEvent:
@@ -187,8 +196,10 @@ class SlotBatch:
                 fresh = self.port.inputs.new_store(ids.shape[0], first.kv_len)
             host = time.perf_counter() - t0
             g0 = time.perf_counter()
-            logits, fresh = run_step(self.port.runners.prefill[bucket], inputs, fresh)
+            logits, hidden, fresh = run_step_hidden(self.port.runners.prefill[bucket], inputs, fresh)
             graph = time.perf_counter() - g0
+            for slot, row in zip(slots, rows, strict=True):
+                self._seen(slot, hidden, row, int(lengths[row]) - 1, int(lengths[row]))
             if one:
                 self.store = fresh
             else:
@@ -246,7 +257,9 @@ class SlotBatch:
             store = self.store if whole else self.store.prefix(self.port.stores.specs[kv], rows)
             host = time.perf_counter() - t0
             g0 = time.perf_counter()
-            logits, answer = run_step(runner, inputs, store)
+            logits, hidden, answer = run_step_hidden(runner, inputs, store)
+            for slot in active:
+                self._seen(slot, hidden, slot, int(steps[slot]), 1)
             if whole:
                 self.store = answer
             else:
@@ -257,6 +270,24 @@ class SlotBatch:
             return self._advance(active, [logits[s] for s in active], 1e3 * host, 1e3 * graph)
 
     # ---- speculative decoding ------------------------------------------------------------------------
+    def _seen(self, slot: int, hidden: torch.Tensor | None, row: int, written: int, fed: int) -> None:
+        """Tell the drafter ``slot``'s latest target call: ``hidden[row]`` gave its last token."""
+        if self.drafter is not None and hidden is not None:
+            self.drafter.observe(slot, hidden[row], written, fed)
+
+    def model_drafts(self, draft_tokens: int) -> dict[int, list[int]]:
+        """The drafter's drafts of up to ``draft_tokens`` tokens for each active slot: none for a row still scoring
+        its prompt, never past the store, and (as transformers' assisted generation) never more than leaves one
+        token of the row's ``max_new_tokens`` to the target."""
+        if self.drafter is None:
+            raise ValueError("this batch has no drafter: build it with SlotBatch(..., drafter=ModelDrafter(...))")
+        wanted = {}
+        for slot in self.active:
+            row = self.rows[slot]
+            room = min(self.kv_len - 1 - int(self.positions[slot]), row.params.max_new_tokens - len(row.tokens) - 1)
+            wanted[slot] = 0 if row.forced else max(0, min(draft_tokens, room))
+        return self.drafter.draft(wanted, self.tokens, self.positions, self.store)
+
     def lookup_drafts(self, draft_tokens: int) -> dict[int, list[int]]:
         """Prompt-lookup drafts of up to ``draft_tokens`` tokens for each active slot
         (:func:`~neuron_port.generation.speculative.ngram_draft` over its prompt and tokens): none for a row still
@@ -299,7 +330,7 @@ class SlotBatch:
             store = self.store if whole else self.store.prefix(self.port.stores.largest, rows)
             host = time.perf_counter() - t0
             g0 = time.perf_counter()
-            logits, answer = run_step(self.port.runners.verify[width], inputs, store)
+            logits, hidden, answer = run_step_hidden(self.port.runners.verify[width], inputs, store)
             self.store = answer if whole else self.store
             if not whole:
                 self.store.write_prefix(answer)
@@ -307,7 +338,11 @@ class SlotBatch:
             self._note(self.kv_len, rows, host, graph, [], [])
             out: list[Outcome] = []
             for slot in active:
-                out += self._accept(slot, list(drafts.get(slot, ())), logits[slot], 1e3 * host, 1e3 * graph)
+                draft, start = list(drafts.get(slot, ())), int(self.positions[slot])
+                out += self._accept(slot, draft, logits[slot], 1e3 * host, 1e3 * graph)
+                if self.rows[slot] is not None:  # the row that gave its last token: one per token kept this step
+                    kept = int(self.positions[slot]) - start - 1
+                    self._seen(slot, None if hidden is None else hidden[:, kept], slot, start + len(draft), len(draft) + 1)
             return out
 
     def _accept(self, slot: int, draft: list[int], logits: torch.Tensor, host_ms: float, graph_ms: float) -> list[Outcome]:

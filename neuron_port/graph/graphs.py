@@ -139,6 +139,9 @@ class StaticLMGraph(nn.Module):
         # Decode graphs keyed by their KV length take ``slot_ids [kv_len]`` after the step inputs (the
         # position each full slot holds): set by backends whose executor routes a call by its input shapes.
         self.slot_input = False
+        # Also return the final-norm hidden state of what the logits are taken from (after the logits: a drafter
+        # reads it; :func:`~neuron_port.graph.step.run_step_hidden`).
+        self.returns_hidden = False
         self.family = family_of(model)
         self.family.use_attention(model, attention.register())
         for module in model.modules():
@@ -166,7 +169,8 @@ class StaticLMGraph(nn.Module):
     def aliases(self) -> dict[int, int]:
         """Input index -> output index of every KV tensor (for a device-resident store)."""
         aliases = kv_aliases(2 * len(self.store.slots))
-        return {i + 1: o for i, o in aliases.items()} if self.slot_input else aliases
+        shift_in, shift_out = int(self.slot_input), int(self.returns_hidden)
+        return {i + shift_in: o + shift_out for i, o in aliases.items()}
 
     def _attention_kwargs(self) -> dict[str, dict[nn.Module, torch.Tensor]]:
         if not self._expanded:
@@ -200,8 +204,9 @@ class StaticLMGraph(nn.Module):
             **extra,
             **self._attention_kwargs(),
         )
-        hidden = out.last_hidden_state  # [batch, seq, hidden]
-        return (self._logits(hidden, pick), *cache.outputs())
+        picked = self._pick(out.last_hidden_state, pick)  # [batch, hidden] ([batch, tokens, hidden] in a verify step)
+        logits = head_logits(self.family, self.model, picked)
+        return (logits, picked, *cache.outputs()) if self.returns_hidden else (logits, *cache.outputs())
 
     def _maps(self, position_ids: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype,
               slot_ids: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None, torch.Tensor]:
@@ -211,10 +216,9 @@ class StaticLMGraph(nn.Module):
         writes = None if self.prefill else {"full": maps.write_full, "sliding": maps.write_sliding}
         return {"full": maps.mask_full, "sliding": maps.mask_sliding}, writes, maps.last_onehot
 
-    def _logits(self, hidden: torch.Tensor, pick: torch.Tensor) -> torch.Tensor:
-        """hidden [batch, seq, hidden] -> raw logits [batch, vocab] of each row's last token."""
-        last = torch.einsum("bs,bsh->bh", pick.to(hidden.dtype), hidden)
-        return head_logits(self.family, self.model, last)
+    def _pick(self, hidden: torch.Tensor, pick: torch.Tensor) -> torch.Tensor:
+        """hidden [batch, seq, hidden] -> [batch, hidden] of each row's last token (its logits' hidden state)."""
+        return torch.einsum("bs,bsh->bh", pick.to(hidden.dtype), hidden)
 
 
 def head_logits(family: Any, model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -250,7 +254,7 @@ class DecodeGraph(StaticLMGraph):
         """The same step over the first ``rows`` rows of this graph's store (decode by occupancy on one store):
         same model, KV length, store, KV write and inputs."""
         graph = DecodeGraph(self.model, self.spec, self._kv_expand, store=self.store, rows=rows)
-        graph.kv_write, graph.slot_input = self.kv_write, self.slot_input
+        graph.kv_write, graph.slot_input, graph.returns_hidden = self.kv_write, self.slot_input, self.returns_hidden
         return graph
 
 
@@ -277,9 +281,9 @@ class VerifyGraph(StaticLMGraph):
         m_full, m_slide, w_full, w_slide = masks.verify_maps(position_ids, spec.kv_len, spec.window, spec.ring, dtype)
         return {"full": m_full, "sliding": m_slide}, {"full": w_full, "sliding": w_slide}, position_ids
 
-    def _logits(self, hidden: torch.Tensor, pick: torch.Tensor) -> torch.Tensor:
-        """hidden [batch, tokens, hidden] -> raw logits [batch, tokens, vocab] of every token."""
-        return head_logits(self.family, self.model, hidden)
+    def _pick(self, hidden: torch.Tensor, pick: torch.Tensor) -> torch.Tensor:
+        """hidden [batch, tokens, hidden]: every token's (raw logits [batch, tokens, vocab] come of each)."""
+        return hidden
 
 
 @dataclass
@@ -295,7 +299,7 @@ class GraphSet:
 
 
 def build_graphs(model: nn.Module, stores: StoreShapes, kv_expand: Mapping[int, torch.Tensor] | None = None,
-                 one_store: bool = False) -> GraphSet:
+                 one_store: bool = False, returns_hidden: bool = False) -> GraphSet:
     """The graphs over ``model`` (one rank's shard, or the whole model at tp 1) for ``stores``.
 
     Each graph takes the store of its own KV length, or, with ``one_store``, every graph takes the store at the
@@ -307,9 +311,19 @@ def build_graphs(model: nn.Module, stores: StoreShapes, kv_expand: Mapping[int, 
     A port for speculative decoding (``stores.shape.draft_tokens`` k > 0) also gets a verify graph of each of 2 to
     k + 1 tokens over the store at the largest KV length (one token is a decode step).
 
+    ``returns_hidden``: every graph also returns the hidden state its logits come of (a port a drafter reads).
+
     The graphs share ``model``, which is switched to the library's attention function: pass a
     copy where the original must stay Hugging Face's reference.
     """
+    graphs = _graph_set(model, stores, kv_expand, one_store)
+    for graph in (*graphs.prefill.values(), *graphs.decode.values(), *graphs.verify.values()):
+        graph.returns_hidden = returns_hidden
+    return graphs
+
+
+def _graph_set(model: nn.Module, stores: StoreShapes, kv_expand: Mapping[int, torch.Tensor] | None,
+               one_store: bool) -> GraphSet:
     k = stores.shape.draft_tokens
     if one_store and k:
         raise ValueError("verify graphs write by one-hot blend over their own store: a port over one store "

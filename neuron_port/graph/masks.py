@@ -168,6 +168,41 @@ def verify_ring(window: int, draft_tokens: int) -> int:
     return window + draft_tokens
 
 
+def drafter_view(pending: torch.Tensor, written: torch.Tensor, fed: torch.Tensor, window: int | None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The positions a Gemma-4 drafter reads of its target's store, as transformers' assisted generation hands
+    them (``SinglePositionMultiTokenCandidateGenerator`` and ``Gemma4AssistantForCausalLM``'s masks).
+
+    Per row (all [batch], long): ``pending`` the position of the last token seen, not yet fed to the target;
+    ``written`` the last position the target's latest call wrote; ``fed`` how many positions that call fed (the
+    prompt's length for a prefill, 1 for a decode step, the drafts + 1 for a verify step). Full layers read
+    positions ``0 .. min(pending, written)``. Sliding layers read what the target's sliding cache returned (its
+    ``window - 1`` kept positions and the call's ``fed`` ones), cut to its first ``pending + 1``, then the last
+    ``window + 1`` of those (a bidirectional window of distance ``<= window``, flipped to look back).
+
+    Returns (last full position, first sliding position, last sliding position), each [batch]."""
+    last_full = torch.minimum(pending, written)
+    if window is None:
+        return last_full, torch.zeros_like(last_full), last_full
+    start = torch.clamp(written + 1 - (window - 1 + fed), min=0)
+    last = torch.minimum(written, start + pending)
+    return last_full, torch.maximum(start, last - window), last
+
+
+def drafter_masks(pending: torch.Tensor, written: torch.Tensor, fed: torch.Tensor, kv_len: int, window: int | None,
+                  ring: int | None, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Additive masks of a drafter step over the target's store (:func:`drafter_view`): full [batch, 1, 1, kv_len]
+    and sliding [batch, 1, 1, ring or kv_len]. A ring slot holds the latest position written there up to
+    ``written`` (:func:`ring_positions`); the view fits a ring of ``window + k`` slots after a verify step of up to
+    ``k + 1`` tokens, ``k >= 1`` (:func:`verify_ring`)."""
+    last_full, first, last = drafter_view(pending, written, fed, window)
+    slots = torch.arange(kv_len, device=pending.device)[None, :]
+    full = slots <= last_full[:, None]
+    held = slots if ring is None else ring_positions(written, ring)
+    sliding = (held >= first[:, None]) & (held <= last[:, None]) & (held >= 0)
+    return _additive(full, dtype)[:, None, None], _additive(sliding, dtype)[:, None, None]
+
+
 def last_token_onehot(positions: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """positions [batch, bucket], lengths [batch] -> [batch, bucket] selecting each row's last real
     prompt position (none for a row of length 0)."""
@@ -205,6 +240,8 @@ def step_maps(
 
 
 __all__ = [
+    "drafter_view",
+    "drafter_masks",
     "ring_positions",
     "prefill_masks",
     "prefill_writes",

@@ -51,21 +51,23 @@ class Port:
 
     @classmethod
     def _build(cls, model: nn.Module, layout: Layout, shape: PortShape, kv_heads: dict[int, int] | None,
-               kv_expand: Mapping[int, torch.Tensor] | None, one_store: bool) -> Port:
+               kv_expand: Mapping[int, torch.Tensor] | None, one_store: bool, returns_hidden: bool = False) -> Port:
         """Eager graphs over ``model`` itself (which they change: callers pass a model of the port's own)."""
         stores = shape.stores(layout, kv_heads)
-        graphs = build_graphs(model, stores, kv_expand, one_store)
+        graphs = build_graphs(model, stores, kv_expand, one_store, returns_hidden)
         return cls(HostInputs(layout, stores, HostEmbeddings.from_model(model)), eager_runners(graphs), graphs)
 
     @classmethod
     def over_model(cls, model: nn.Module, shape: PortShape, layout: Layout | None = None,
-                   kv_heads: dict[int, int] | None = None, *, owned: bool = False, one_store: bool = False) -> Port:
+                   kv_heads: dict[int, int] | None = None, *, owned: bool = False, one_store: bool = False,
+                   returns_hidden: bool = False) -> Port:
         """Graphs over a copy of ``model`` (``layout``: default ``describe(model)``; ``kv_heads``: a
         spread model's local KV-head count per layer). ``owned``: the caller hands over a model made
         for this port alone, and it is used without a copy. ``one_store``: every graph takes the store at the
-        largest KV length (:func:`~neuron_port.graph.graphs.build_graphs`)."""
+        largest KV length (:func:`~neuron_port.graph.graphs.build_graphs`). ``returns_hidden``: the graphs also return
+        the hidden state of their logits (a port a Gemma-4 drafter reads, :mod:`neuron_port.graph.drafter`)."""
         model = model if owned else copy.deepcopy(model)
-        return cls._build(model, layout or describe(model), shape, kv_heads, None, one_store)
+        return cls._build(model, layout or describe(model), shape, kv_heads, None, one_store, returns_hidden)
 
     @classmethod
     def for_rank(cls, rank: Rank, shape: PortShape, one_store: bool = False) -> Port:

@@ -53,8 +53,20 @@ def kv_aliases(n_tensors: int) -> dict[int, int]:
 
 def run_step(runner: Runnable, inputs: StepInputs, store: KVStore) -> tuple[torch.Tensor, KVStore]:
     """Call a graph (eager or compiled) on one step: returns (logits [batch, vocab], new store)."""
+    logits, _, answer = run_step_hidden(runner, inputs, store)
+    return logits, answer
+
+
+def run_step_hidden(runner: Runnable, inputs: StepInputs, store: KVStore
+                    ) -> tuple[torch.Tensor, torch.Tensor | None, KVStore]:
+    """:func:`run_step`, and the hidden state [batch, hidden] the logits come of where the graph returns it
+    (``returns_hidden``; a verify step's are [batch, tokens, hidden]), None where it does not."""
     out = runner(*inputs, *store.tensors())
-    return out[0], KVStore.from_tensors(store.spec, out[1:])
+    extra = len(out) - len(store.tensors())
+    if extra not in (1, 2):
+        raise ValueError(f"a step returns its logits, optionally the hidden state, then the {len(store.tensors())} "
+                         f"store tensors; found {len(out)} outputs")
+    return out[0], (out[1] if extra == 2 else None), KVStore.from_tensors(store.spec, out[extra:])
 
 
-__all__ = ["StepInputs", "INPUT_NAMES", "kv_aliases", "run_step", "Runnable"]
+__all__ = ["StepInputs", "INPUT_NAMES", "kv_aliases", "run_step", "run_step_hidden", "Runnable"]

@@ -370,6 +370,7 @@ def test_one_generate_one_request_one_result():
 
 MODEL_COPIERS = {
     "neuron_port.graph.port.Port.over_model",  # a port over a model copies it (its graphs switch attention)
+    "neuron_port.graph.drafter.DrafterGraph.over",  # a drafter graph over a drafter copies it (the same)
     "neuron_port.parallel.ranks.make_rank",  # a rank's own model at tp 1
     "neuron_port.parallel.shard_model.shard_model",  # a rank's shard
     "neuron_port.backends.spmd.spmd_model",  # the model laid out for SPMD

@@ -1,0 +1,48 @@
+"""Gemma-4 drafters' facts: which target layers a drafter reads, and the drafters that cannot read a target."""
+
+from __future__ import annotations
+
+import pytest
+
+from neuron_port.errors import DrafterError
+from neuron_port.families import family_for
+from neuron_port.families.gemma4_drafter import check_drafter, drafter_classes, producer_layers, tiny_drafter_config
+from neuron_port.model.configs import load_config
+
+
+@pytest.mark.parametrize("name", ["gemma-4-e2b", "gemma-4-e4b", "gemma-4-12b"])
+def test_the_producers_are_the_last_unshared_layer_of_each_type(name):
+    config = load_config(name, tiny=True)
+    family = family_for(config.model_type)
+    producers = producer_layers(config)
+    assert set(producers) == {"sliding_attention", "full_attention"}
+    for kind, layer in producers.items():
+        unshared = [i for i, t in enumerate(config.layer_types) if t == kind and not family.is_kv_shared(config, i)]
+        assert layer == unshared[-1]  # an owner of the port's store, the one shared layers of its type read
+
+
+def test_a_drafter_that_does_not_fit_is_refused():
+    config = load_config("gemma-4-e2b", tiny=True)
+    text = family_for(config.model_type).config_to_dict(config)
+    good = tiny_drafter_config(config, text)
+    check_drafter(config, good)
+    wide = tiny_drafter_config(config, text)
+    wide.backbone_hidden_size = config.hidden_size * 2
+    with pytest.raises(DrafterError, match="backbone"):
+        check_drafter(config, wide)
+    other = tiny_drafter_config(config, text)
+    other.get_text_config().vocab_size = config.vocab_size + 1
+    with pytest.raises(DrafterError, match="vocabulary"):
+        check_drafter(config, other)
+    with pytest.raises(DrafterError, match="gemma4_unified_assistant"):
+        check_drafter(load_config("gemma-4-12b", tiny=True), good)
+    with pytest.raises(DrafterError, match="found model_type 'llama'"):
+        drafter_classes("llama")
+
+
+def test_a_drafter_reading_other_kv_shapes_is_refused():
+    config = load_config("gemma-4-e2b", tiny=True)
+    text = family_for(config.model_type).config_to_dict(config)
+    text["global_head_dim"] = 2 * text["global_head_dim"]
+    with pytest.raises(DrafterError, match="full_attention"):
+        check_drafter(config, tiny_drafter_config(config, text))
