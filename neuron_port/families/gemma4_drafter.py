@@ -36,6 +36,15 @@ def drafter_classes(model_type: str) -> tuple[type, type]:
     return getattr(where, config_name), getattr(where, model_name)
 
 
+def drafter_type(target_config: Any) -> str:
+    """The drafter model type of a target (``gemma4_assistant`` for a ``gemma4_text`` one, ...)."""
+    kind = next((d for d, t in DRAFTER_TYPES.items() if t == target_config.model_type), None)
+    if kind is None:
+        raise DrafterError(f"a {target_config.model_type} model has no Gemma-4 drafter (drafters: "
+                           f"{sorted(DRAFTER_TYPES)}, for {sorted(set(DRAFTER_TYPES.values()))}): use prompt lookup")
+    return kind
+
+
 def producer_layers(target_config: Any) -> dict[str, int]:
     """Attention type -> the target layer whose K/V a drafter layer of that type reads (its ``"store"`` layer)."""
     modes = target_config.kv_sharing_modes
@@ -47,9 +56,8 @@ def check_drafter(target_config: Any, drafter_config: Any) -> None:
     attention type whose KV-head count or head size differs from the target producer's it reads."""
     kind = drafter_config.model_type
     if DRAFTER_TYPES.get(kind) != target_config.model_type:
-        raise DrafterError(f"a {target_config.model_type} target takes a "
-                           f"{[d for d, t in DRAFTER_TYPES.items() if t == target_config.model_type] or 'no'} "
-                           f"drafter, found {kind!r}")
+        raise DrafterError(f"a {target_config.model_type} target takes a {drafter_type(target_config)} drafter, "
+                           f"found {kind!r}")
     text = drafter_config.get_text_config()
     if text.vocab_size != target_config.vocab_size:
         raise DrafterError(f"the drafter's vocabulary has {text.vocab_size} tokens, its target's {target_config.vocab_size}")
@@ -74,8 +82,7 @@ def tiny_drafter_config(target_config: Any, text_dict: dict[str, Any], ordered: 
     the target's vocabulary, window, RoPE, query and KV heads, a narrower width; ``text_dict`` is the target's text config
     as a dict (its family's ``config_to_dict``). ``ordered``: the centroid head (``use_ordered_embeddings``) with
     ``centroids`` clusters of which ``top_k`` are scored."""
-    kind = next(d for d, t in DRAFTER_TYPES.items() if t == target_config.model_type)
-    config_class, _ = drafter_classes(kind)
+    config_class, _ = drafter_classes(drafter_type(target_config))
     text = {k: v for k, v in text_dict.items() if k not in ("architectures", "transformers_version", "model_type")}
     text.update(hidden_size=TINY_DRAFTER_HIDDEN, intermediate_size=2 * TINY_DRAFTER_HIDDEN, num_hidden_layers=2,
                 layer_types=["sliding_attention", "full_attention"],
@@ -86,5 +93,5 @@ def tiny_drafter_config(target_config: Any, text_dict: dict[str, Any], ordered: 
                         use_ordered_embeddings=ordered, num_centroids=centroids, centroid_intermediate_top_k=top_k)
 
 
-__all__ = ["DRAFTER_TYPES", "drafter_classes", "producer_layers", "check_drafter", "tiny_drafter_config",
+__all__ = ["DRAFTER_TYPES", "drafter_type", "drafter_classes", "producer_layers", "check_drafter", "tiny_drafter_config",
            "TINY_DRAFTER_HIDDEN"]

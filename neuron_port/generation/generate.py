@@ -32,9 +32,12 @@ from neuron_port.artifacts.manifest import verify
 from neuron_port.artifacts.reader import artifact_setup, load_rank_port
 from neuron_port.artifacts.record import Manifest
 from neuron_port.errors import ArtifactError
+from neuron_port.families import family_of
+from neuron_port.generation.drafting import ModelDrafter
 from neuron_port.generation.offline import run_request
 from neuron_port.generation.request import GenerationRequest, GenerationResult, merge_ranks
 from neuron_port.generation.request_state import TokenEvent
+from neuron_port.graph.drafter import DrafterGraph
 from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape, select_bucket
 from neuron_port.model.layout import describe
@@ -53,12 +56,14 @@ class _RankWork:
     tokenizer: Any = None
     crosses_processes: bool = False
     on_token: Callable[[TokenEvent], None] | None = None  # rank 0, in this process only
+    drafter: nn.Module | None = None  # a Gemma-4 drafter over the port's store (tp 1)
 
 
-def _on_port(port: Port, work: _RankWork, rank: int = 0) -> GenerationResult | dict[str, Any]:
+def _on_port(port: Port, work: _RankWork, rank: int = 0, drafter: ModelDrafter | None = None
+             ) -> GenerationResult | dict[str, Any]:
     request = work.request if rank == 0 else work.request.without_logits()
     on_token = work.on_token if rank == 0 and not work.crosses_processes else None
-    result = run_request(port, request, work.tokenizer, on_token=on_token)
+    result = run_request(port, request, work.tokenizer, on_token=on_token, drafter=drafter)
     batch, dtype_bytes, spec = request.batch, port.inputs.dtype.itemsize, port.stores.largest
     result.per_rank_kv_cache_bytes = [spec.total_bytes(batch, dtype_bytes)]
     result.kv_cache_bytes_per_layer = {str(k): v for k, v in spec.bytes_per_layer(batch, dtype_bytes).items()}
@@ -67,7 +72,12 @@ def _on_port(port: Port, work: _RankWork, rank: int = 0) -> GenerationResult | d
 
 
 def _model_rank(shape: PortShape, work: _RankWork, rank: Rank) -> GenerationResult | dict[str, Any]:
-    return _on_port(Port.for_rank(rank, shape), work, rank.rank)
+    port = Port.for_rank(rank, shape, returns_hidden=work.drafter is not None)
+    if work.drafter is None:
+        return _on_port(port, work, rank.rank)
+    config = family_of(rank.model).text_config_of(rank.model)
+    graph = DrafterGraph.over(work.drafter, config, port.stores.largest)
+    return _on_port(port, work, rank.rank, ModelDrafter(graph, lambda ids: port.inputs.embeddings.embed(ids)[0]))
 
 
 def _artifact_rank(directory: str, manifest: Manifest, work: _RankWork, rank: Rank) -> GenerationResult | dict[str, Any]:
@@ -90,6 +100,7 @@ def generate(
     manifest: Manifest | None = None,
     backend: str = "eager",
     on_token: Callable[[TokenEvent], None] | None = None,
+    drafter: nn.Module | None = None,
 ) -> GenerationResult:
     """Run ``request`` through the two-graph port of ``source``.
 
@@ -103,7 +114,9 @@ def generate(
     tp > 1, by ``mode``); ``xla`` lowers them through torch-xla in this process (SPMD over tp
     devices) and the result carries the lowering report. ``on_token(event)`` is called with every token as it
     is made (its text released with a ``tokenizer``) where rank 0 runs in this process (tp 1, or threads); a
-    run whose ranks are gloo processes calls it for none.
+    run whose ranks are gloo processes calls it for none. ``drafter`` (a model at tp 1, eager): a Gemma-4 drafter
+    (:func:`~neuron_port.model.drafter.load_drafter`) drafts ``request.draft_tokens`` per verify step, reading the
+    port's store; without one, drafts come by prompt lookup.
     """
     longest = max(len(p) for p in request.prompts)
     if isinstance(source, nn.Module):
@@ -112,13 +125,17 @@ def generate(
             shape = PortShape(shape.buckets, shape.kv_lens, shape.ring_buffers, request.draft_tokens)
         select_bucket(longest, shape.buckets)  # fail before any work
         setup = _setup_for(source, setup, tp)
+        _check_drafter_run(drafter, request, setup, backend)
         if backend == "xla":
             return _on_xla(source, request, tokenizer, setup, shape, on_token)
         if backend != "eager":
             raise ValueError(f"backend must be 'eager' or 'xla' for a model, found {backend!r}")
         crosses = setup.tp > 1 and mode == "gloo"
-        work = _RankWork(request, tokenizer, crosses, None if crosses else on_token)
+        work = _RankWork(request, tokenizer, crosses, None if crosses else on_token, drafter)
         return _merge(run_ranks(functools.partial(_model_rank, shape, work), setup, source, mode))
+    if drafter is not None:
+        raise ValueError("a drafter runs over a model's eager port for now: an artifact or a built port has no "
+                         "drafter graph (generate from the model, or use prompt lookup)")
     if shape is not None or setup is not None or tp is not None or backend != "eager":
         raise ValueError("shape, setup, tp and backend describe what to build over a model; a port or an artifact "
                          "brings its own")
@@ -135,6 +152,17 @@ def generate(
     crosses = setup.tp > 1
     work = _RankWork(request, tokenizer, crosses, None if crosses else on_token)
     return _merge(run_ranks(functools.partial(_artifact_rank, str(source), manifest, work), setup, None, mode))
+
+
+def _check_drafter_run(drafter: nn.Module | None, request: GenerationRequest, setup: RankSetup, backend: str) -> None:
+    """Refuse what a drafter cannot do yet, before any graph is built."""
+    if drafter is None:
+        return
+    if not request.draft_tokens:
+        raise ValueError("a drafter drafts request.draft_tokens per verify step: set draft_tokens >= 1")
+    if setup.tp != 1 or backend != "eager":
+        raise ValueError(f"a drafter reads the whole store of one eager port: tp 1 and backend 'eager', found tp "
+                         f"{setup.tp} and backend {backend!r}")
 
 
 def _on_xla(model: nn.Module, request: GenerationRequest, tokenizer: Any, setup: RankSetup,

@@ -26,6 +26,7 @@ from neuron_port.generation.request_state import TokenEvent
 from neuron_port.generation.slots import SlotBatch
 
 if TYPE_CHECKING:
+    from neuron_port.generation.drafting import ModelDrafter
     from neuron_port.graph.port import Port
 
 
@@ -39,15 +40,20 @@ def _check(port: Port, request: GenerationRequest, tokenizer: Any) -> None:
 
 
 def run_request(port: Port, request: GenerationRequest, tokenizer: Any = None, pad_id: int = 0,
-                on_token: Callable[[TokenEvent], None] | None = None) -> GenerationResult:
+                on_token: Callable[[TokenEvent], None] | None = None, drafter: ModelDrafter | None = None
+                ) -> GenerationResult:
     """Decode every row of ``request`` to its end on one port.
+
+    With ``request.draft_tokens``, each step verifies drafts: the ``drafter``'s (a Gemma-4 drafter over this port's
+    store, whose graphs return their hidden states) or, without one, prompt lookup's.
 
     ``on_token(event)`` hears every token as it is made (``event.row`` is the request's row), outside the
     batch's grad mode. The result holds each row's tokens, texts and finish reasons, the timings, and
     (``request.keep_logits``) every step's raw logits [batch, vocab]."""
     _check(port, request, tokenizer)
     result = GenerationResult.empty(request.batch)
-    batch = SlotBatch(port, request.batch, tokenizer, pad_id, keep_logits=request.keep_logits)
+    batch = SlotBatch(port, request.batch, tokenizer, pad_id, keep_logits=request.keep_logits, drafter=drafter)
+    draft = batch.model_drafts if drafter is not None else batch.lookup_drafts
     entries = [(prompt, params, row) for row, (prompt, params) in enumerate(zip(request.prompts, request.params,
                                                                                  strict=True))]
     t0 = time.perf_counter()
@@ -59,7 +65,7 @@ def run_request(port: Port, request: GenerationRequest, tokenizer: Any = None, p
     t_dec = time.perf_counter()
     while batch.active:
         s0 = time.perf_counter()
-        outcomes = batch.verify_step(batch.lookup_drafts(request.draft_tokens)) if request.draft_tokens else batch.step()
+        outcomes = batch.verify_step(draft(request.draft_tokens)) if request.draft_tokens else batch.step()
         result.graph_s += batch.last.graph_s
         result.host_s += time.perf_counter() - s0 - batch.last.graph_s
         result.step_kv_lens.append(batch.last.kv_len)

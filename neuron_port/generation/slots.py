@@ -286,7 +286,8 @@ class SlotBatch:
             row = self.rows[slot]
             room = min(self.kv_len - 1 - int(self.positions[slot]), row.params.max_new_tokens - len(row.tokens) - 1)
             wanted[slot] = 0 if row.forced else max(0, min(draft_tokens, room))
-        return self.drafter.draft(wanted, self.tokens, self.positions, self.store)
+        with self.mode():
+            return self.drafter.draft(wanted, self.tokens, self.positions, self.store)
 
     def lookup_drafts(self, draft_tokens: int) -> dict[int, list[int]]:
         """Prompt-lookup drafts of up to ``draft_tokens`` tokens for each active slot

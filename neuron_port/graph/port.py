@@ -70,12 +70,12 @@ class Port:
         return cls._build(model, layout or describe(model), shape, kv_heads, None, one_store, returns_hidden)
 
     @classmethod
-    def for_rank(cls, rank: Rank, shape: PortShape, one_store: bool = False) -> Port:
+    def for_rank(cls, rank: Rank, shape: PortShape, one_store: bool = False, returns_hidden: bool = False) -> Port:
         """Graphs over a rank's shard, with its local KV-head counts and KV-head gathers (the rank's
-        model is its own: it is used as it is); ``one_store``: see :meth:`over_model`."""
+        model is its own: it is used as it is); ``one_store``, ``returns_hidden``: see :meth:`over_model`."""
         if rank.model is None:
             raise ValueError(f"rank {rank.rank} has no model to build graphs over (an artifact rank: use from_runners)")
-        return cls._build(rank.model, rank.layout, shape, rank.local_kv_heads, rank.kv_expand, one_store)
+        return cls._build(rank.model, rank.layout, shape, rank.local_kv_heads, rank.kv_expand, one_store, returns_hidden)
 
     @classmethod
     def from_runners(cls, layout: Layout, stores: StoreShapes, embeddings: HostEmbeddings, runners: Runners) -> Port:

@@ -38,6 +38,8 @@ def test_a_drafter_that_does_not_fit_is_refused():
         check_drafter(load_config("gemma-4-12b", tiny=True), good)
     with pytest.raises(DrafterError, match="found model_type 'llama'"):
         drafter_classes("llama")
+    with pytest.raises(DrafterError, match="llama model has no Gemma-4 drafter"):
+        tiny_drafter_config(load_config("llama", tiny=True), {})
 
 
 def test_a_drafter_reading_other_kv_shapes_is_refused():

@@ -54,15 +54,16 @@ def _agreeing_pair(name: str, ordered: bool = False, target_scale: float = 0.7):
 
 def _hf_rounds(target, drafter, prompt: list[int], monkeypatch) -> tuple[list[int], list[tuple], list[int]]:
     """transformers' assisted generation: (tokens, [(position of the pending token, drafts, drafter logits)],
-    accepted count after each verify)."""
+    accepted count after each verify step, the last one's included)."""
     from transformers.generation import candidate_generator
 
-    rounds, accepted = [], []
+    rounds, accepted, target_steps = [], [], []
     real = candidate_generator.SinglePositionMultiTokenCandidateGenerator.get_candidates
 
     def spy(self, input_ids, model_kwargs, model_outputs, is_first_iteration, n_last_matches, **kwargs):
         ids, logits = real(self, input_ids, model_kwargs, model_outputs, is_first_iteration, n_last_matches, **kwargs)
         if not is_first_iteration:
+            target_steps.append(len(rounds))
             if len(rounds) and rounds[-1][1]:
                 accepted.append(int(n_last_matches))
             if logits is not None:
@@ -72,7 +73,11 @@ def _hf_rounds(target, drafter, prompt: list[int], monkeypatch) -> tuple[list[in
     monkeypatch.setattr(candidate_generator.SinglePositionMultiTokenCandidateGenerator, "get_candidates", spy)
     out = target.generate(torch.tensor([prompt]), assistant_model=drafter, max_new_tokens=NEW, do_sample=False)
     monkeypatch.undo()
-    return out[0, len(prompt):].tolist(), rounds, accepted
+    tokens = out[0, len(prompt):].tolist()
+    # each target step after the prefill keeps its accepted drafts and one token of its own: the last step's count
+    # is what the tokens leave over (no later round reports it)
+    last = len(tokens) - 1 - len(target_steps) - sum(accepted)
+    return tokens, rounds, accepted + ([last] if len(accepted) < len(rounds) else [])
 
 
 def _port_rounds(config, target, drafter, prompts: list[list[int]]):
@@ -127,7 +132,7 @@ def test_drafts_and_acceptance_equal_transformers_assisted_generation(name, orde
         plain = target.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)[0, len(prompt):].tolist()
         assert tokens[i] == hf_tokens == plain  # speculation changes no greedy token
         assert _compare(hf_rounds, rounds[i]) <= LOGIT_TOL
-        assert accepted[i][: len(hf_accepted)] == hf_accepted
+        assert accepted[i] == hf_accepted
         counts += accepted[i]
     assert 0 in counts and K in counts  # the pair both rejects and keeps whole drafts: the counts mean something
 
@@ -153,3 +158,26 @@ def test_a_planted_fault_changes_the_drafts(plant, monkeypatch):
     _, rounds, _ = _port_rounds(config, target, drafter, [prompt])
     with pytest.raises(AssertionError):
         assert _compare(hf_rounds, rounds[0]) <= LOGIT_TOL
+
+
+def test_generate_takes_a_drafter_and_refuses_what_it_cannot_do(tiny_e2b_artifact):
+    from neuron_port.generation.generate import generate
+    from neuron_port.generation.request import GenerationRequest
+
+    config, target, drafter = _agreeing_pair("gemma-4-e2b")
+    prompt = torch.randint(3, config.vocab_size, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
+    hf_tokens, hf_rounds, hf_accepted = _hf_rounds_free(target, drafter, prompt)
+    result = generate(target, GenerationRequest.greedy([prompt], NEW, draft_tokens=K), drafter=drafter)
+    assert result.tokens[0] == hf_tokens
+    assert result.drafted == sum(len(d) for _, d, _ in hf_rounds) and result.accepted == sum(hf_accepted)
+    with pytest.raises(ValueError, match="draft_tokens >= 1"):
+        generate(target, GenerationRequest.greedy([prompt], 4), drafter=drafter)
+    with pytest.raises(ValueError, match="tp 1"):
+        generate(target, GenerationRequest.greedy([prompt], 4, draft_tokens=K), drafter=drafter, tp=2)
+    with pytest.raises(ValueError, match="an artifact or a built port has no drafter graph"):
+        generate(tiny_e2b_artifact, GenerationRequest.greedy([prompt], 4, draft_tokens=K), drafter=drafter)
+
+
+def _hf_rounds_free(target, drafter, prompt):
+    with pytest.MonkeyPatch.context() as patch:
+        return _hf_rounds(target, drafter, prompt, patch)

@@ -79,3 +79,33 @@ def test_what_speculation_cannot_do_yet_is_said_before_any_model_is_built():
                         (["--backend", "xla"], "cpu backend")):
         res = run_cli("port", "gemma-4-e2b", "--tiny", "--speculate", "ngram", *extra, "--json")
         assert res.returncode != 0 and said in res.stderr and res.stdout == "", res.stderr
+
+
+def test_port_speculates_with_a_gemma4_drafter_from_its_directory(tmp_path):
+    """``--speculate assistant --draft DIR``: the drafter transformers saved, read by the port over its own store; the
+    tokens are transformers' greedy tokens (its drafts and acceptance against ``generate(assistant_model=)``:
+    tests/generation/test_drafting.py)."""
+    from neuron_port.checks.oracle import reference_generate
+    from neuron_port.generation.prompts import random_prompt
+    from neuron_port.model.drafter import build_drafter
+    from neuron_port.model.loading import build_model
+
+    config = load_config("gemma-4-e2b", tiny=True)
+    build_drafter(config, seed=5).save_pretrained(tmp_path / "drafter")
+    d = _port_json("gemma-4-e2b", "--tiny", "--max-new-tokens", "16", "--speculate", "assistant", "--draft",
+                   str(tmp_path / "drafter"), "--draft-tokens", "3")
+    prompt = random_prompt(config.vocab_size, 24, 0, config.bos_token_id)
+    assert d["tokens"] == reference_generate(build_model(config, seed=0), prompt, 16).tokens
+    spec = d["speculation"]
+    assert spec["method"] == "assistant" and spec["drafter"] == str(tmp_path / "drafter")
+    assert spec["drafted"] > 0 and spec["verify_steps"] + spec["accepted"] == 15, spec
+
+
+def test_what_a_drafter_cannot_do_is_said_in_one_line():
+    for args, said in ((["gemma-4-e2b", "--random-weights", "--speculate", "assistant"], "--draft DIR"),
+                       (["gemma-4-e2b", "--tiny", "--speculate", "assistant", "--tp", "2"], "--tp 1"),
+                       (["gemma-4-e2b", "--tiny", "--speculate", "ngram", "--draft", "x"], "--speculate assistant"),
+                       (["llama", "--tiny", "--speculate", "assistant"], "no Gemma-4 drafter")):
+        res = run_cli("port", *args, "--json")
+        assert res.returncode == 2 and said in res.stderr and res.stdout == "", res.stderr
+        assert "Traceback" not in res.stderr

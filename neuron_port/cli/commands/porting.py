@@ -59,8 +59,9 @@ def _cmd_port(args: argparse.Namespace) -> int:
     request = GenerationRequest.greedy(prompts, args.max_new_tokens, stop_ids, keep_logits=args.check,
                                        draft_tokens=draft_tokens)
     stream = text_stream(args, opened)  # the answer as it comes, for a person reading a text prompt's
+    drafter = _drafter(args, opened.config)
     result = generate(model, request, shape=shape, setup=setup, backend="xla" if args.backend == "xla" else "eager",
-                      tokenizer=stream.tokenizer if stream else None, on_token=stream)
+                      tokenizer=stream.tokenizer if stream else None, on_token=stream, drafter=drafter)
     out: dict[str, Any] = {
         "model": args.model, "tiny": args.tiny, "backend": args.backend, "tp": args.tp, "batch": args.batch,
         "dtype": args.dtype,
@@ -98,10 +99,17 @@ def _refuse_speculation(args: argparse.Namespace) -> None:
     """What ``--speculate`` cannot do yet, said before any model is built."""
     from neuron_port.errors import NeuronPortError
 
+    if args.draft is not None and args.speculate != "assistant":
+        raise NeuronPortError(f"--draft names the drafter of --speculate assistant, found --speculate {args.speculate}")
     if not args.speculate:
         return
     if args.draft_tokens < 1:
         raise NeuronPortError(f"--draft-tokens is 1 or more with --speculate, found {args.draft_tokens}")
+    if args.speculate == "assistant" and args.draft is None and not args.tiny:
+        raise NeuronPortError("--speculate assistant needs the drafter's directory: --draft DIR (a random one only with "
+                              "--tiny)")
+    if args.speculate == "assistant" and args.tp != 1:
+        raise NeuronPortError(f"--speculate assistant reads the whole KV store of one port: --tp 1, found --tp {args.tp}")
     if args.backend != "cpu":
         raise NeuronPortError(f"--speculate runs the verify graphs eagerly on the cpu backend; found --backend "
                               f"{args.backend}: drop --speculate or use --backend cpu")
@@ -110,10 +118,21 @@ def _refuse_speculation(args: argparse.Namespace) -> None:
                               "port without --speculate, then compare the texts (speculation keeps greedy output)")
 
 
+def _drafter(args: argparse.Namespace, config: Any) -> Any:
+    """The drafter of ``--speculate assistant``: loaded from ``--draft`` and checked against the target's config, or a
+    tiny random one (``--tiny``); None otherwise."""
+    if args.speculate != "assistant":
+        return None
+    from neuron_port.model.drafter import build_drafter, load_drafter
+
+    return load_drafter(args.draft, config) if args.draft is not None else build_drafter(config, seed=args.seed + 1)
+
+
 def _speculation(args: argparse.Namespace, result) -> dict[str, Any]:
     """What speculation did: drafted and kept tokens, the acceptance rate, and tokens per target step."""
     made = sum(len(t) for t in result.tokens) - len(result.tokens)  # after each row's first (the prefill's)
-    return {"method": args.speculate, "draft_tokens": args.draft_tokens, "drafted": result.drafted,
+    return {"method": args.speculate, "drafter": (args.draft or "tiny, random weights") if args.speculate == "assistant"
+            else None, "draft_tokens": args.draft_tokens, "drafted": result.drafted,
             "accepted": result.accepted, "acceptance_rate": round(result.accepted / result.drafted, 4) if result.drafted
             else None, "verify_steps": result.decode_steps,
             "tokens_per_step": round(made / result.decode_steps, 4) if result.decode_steps else None}
@@ -174,10 +193,15 @@ def add(sub) -> None:
                      help="stop at the end-of-sequence token (default for real weights)")
     eos.add_argument("--ignore-eos", dest="stop_at_eos", action="store_false",
                      help="never stop at end-of-sequence (default for random weights)")
-    p.add_argument("--speculate", choices=["ngram"], default=None,
+    p.add_argument("--speculate", choices=["ngram", "assistant"], default=None,
                    help="speculative decoding: ngram drafts by prompt lookup (the continuation of an earlier occurrence "
-                        "of the text's last tokens), every draft checked by one verify step of the target; greedy "
-                        "output is unchanged (cpu backend, eager graphs)")
+                        "of the text's last tokens), assistant by a Gemma-4 drafter (--draft) reading the port's own "
+                        "KV store; every draft checked by one verify step of the target; greedy output is unchanged "
+                        "(cpu backend, eager graphs, tp 1 for assistant)")
+    p.add_argument("--draft", default=None, metavar="DIR",
+                   help="--speculate assistant: the drafter's directory (gemma4_assistant for E2B/E4B, "
+                        "gemma4_unified_assistant for the 12B, as transformers saves it); with --tiny and no --draft, a "
+                        "tiny drafter with random weights")
     p.add_argument("--draft-tokens", type=int, default=4, metavar="K",
                    help="--speculate: drafted tokens checked per verify step at most (default 4)")
     p.add_argument("--check", action="store_true", help="compare with Hugging Face generate (greedy) on CPU and run "
