@@ -42,6 +42,7 @@ Formulas (all bytes; ``b`` = bytes per element of the dtype):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -285,6 +286,35 @@ def plan_capacity(
     )
 
 
+def expected_tokens_per_step(acceptance: float, draft_tokens: int) -> float:
+    """Tokens one verify step of ``draft_tokens`` drafts makes on average when each draft is kept with probability
+    ``acceptance`` once the ones before it were: ``1 + a + ... + a^k`` (the target's own token, then the kept run)."""
+    if not 0.0 <= acceptance <= 1.0 or draft_tokens < 0:
+        raise ValueError(f"an acceptance rate in [0, 1] and 0 or more drafted tokens, found {acceptance} and "
+                         f"{draft_tokens}")
+    return sum(acceptance ** i for i in range(draft_tokens + 1))
+
+
+def speculative_roofline(plan: Plan, target: Target, draft_tokens: int, acceptances: Sequence[float],
+                         drafter_step_bytes: int = 0) -> dict[str, Any]:
+    """Decode tok/s per core with speculative decoding, from the plan's own per-core figures: a verify step of
+    ``draft_tokens + 1`` rows reads the weights once and the K/V once (every row's query meets the same store) as a
+    decode step does, plus ``drafter_step_bytes`` per drafted token (the drafter's weights and the K/V it reads; 0
+    for prompt lookup); it makes :func:`expected_tokens_per_step` tokens. Compute is left out (a decode step is bound
+    by bytes; ``k + 1`` rows stay far below the matmul peak)."""
+    decode_bytes = plan.per_core_bytes["weights"] + plan.kv_read_bytes_per_token
+    verify_bytes = decode_bytes + draft_tokens * drafter_step_bytes
+    decode_rate = target.hbm_bw_per_core / decode_bytes
+    rows = []
+    for a in acceptances:
+        tokens = expected_tokens_per_step(a, draft_tokens)
+        rate = tokens * target.hbm_bw_per_core / verify_bytes
+        rows.append({"acceptance": a, "tokens_per_step": round(tokens, 4), "tok_per_s": round(rate, 1),
+                     "speedup": round(rate / decode_rate, 3)})
+    return {"draft_tokens": draft_tokens, "decode_step_bytes": decode_bytes, "verify_step_bytes": verify_bytes,
+            "decode_tok_per_s": round(decode_rate, 1), "rows": rows}
+
+
 def format_capacity_plan(plan: Plan) -> str:
     c = plan.per_core_bytes
     mib = 1 << 20
@@ -336,6 +366,8 @@ def save_chart(plan: Plan, path: str) -> None:
 
 
 __all__ = [
+    "expected_tokens_per_step",
+    "speculative_roofline",
     "Target",
     "TARGETS",
     "Plan",

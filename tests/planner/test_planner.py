@@ -3,6 +3,7 @@ runtime allocates."""
 
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -175,3 +176,47 @@ def test_the_compile_ram_and_field_figures_say_where_they_come_from():
     assert "measured 15.0" not in text.stdout
     data = run_cli_json("plan", "gemma-4-12b", "--tp", "2")
     assert "extrapolated from one field figure" in data["compile_host_ram_source"]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(a=st.floats(0.0, 0.99), k=st.integers(0, 10))
+def test_expected_tokens_per_step_is_the_kept_run_plus_one(a, k):
+    from neuron_port.planner import expected_tokens_per_step
+
+    tokens = expected_tokens_per_step(a, k)
+    assert tokens == pytest.approx((1 - a ** (k + 1)) / (1 - a))  # the geometric sum, closed form
+    assert 1.0 <= tokens <= k + 1
+    assert expected_tokens_per_step(a, k + 1) >= tokens and expected_tokens_per_step(min(1.0, a + 0.01), k) >= tokens
+
+
+def test_expected_tokens_per_step_matches_drawn_verify_steps():
+    """Draw verify steps: each draft kept with probability a while the ones before it were; the mean tokens a step
+    makes (kept drafts + the target's own) is the formula's."""
+    from neuron_port.planner import expected_tokens_per_step
+
+    generator = torch.Generator().manual_seed(0)
+    for a, k in ((0.5, 4), (0.7, 2), (0.9, 8)):
+        kept = torch.rand(40_000, k, generator=generator) < a
+        made = 1 + kept.int().cumprod(dim=1).sum(dim=1).float()
+        assert float(made.mean()) == pytest.approx(expected_tokens_per_step(a, k), rel=0.02)
+    assert expected_tokens_per_step(1.0, 4) == 5 and expected_tokens_per_step(0.0, 4) == 1
+    with pytest.raises(ValueError, match="in \\[0, 1\\]"):
+        expected_tokens_per_step(1.5, 4)
+
+
+def test_the_speculative_roofline_uses_the_plans_own_bytes():
+    from neuron_port.planner import TARGETS, speculative_roofline
+
+    config = load_config("gemma-4-12b")
+    target = TARGETS["inf2.xlarge"]
+    plan = plan_capacity(describe(config), config, "gemma-4-12b", target, "bf16", 2, 2048, (128,), 1, False, True)
+    spec = speculative_roofline(plan, target, 4, [0.0, 0.7, 1.0])
+    assert spec["decode_tok_per_s"] == pytest.approx(plan.roofline_tok_per_s, abs=0.1)
+    assert [r["speedup"] for r in spec["rows"]] == [1.0, pytest.approx(2.773, abs=1e-3), 5.0]
+    drafted = plan.per_core_bytes["weights"] // 10  # a drafter moving a tenth of the target's bytes per token
+    slower = speculative_roofline(plan, target, 4, [0.7], drafter_step_bytes=drafted)
+    decode = plan.per_core_bytes["weights"] + plan.kv_read_bytes_per_token
+    assert slower["verify_step_bytes"] == decode + 4 * drafted
+    assert slower["rows"][0]["speedup"] == pytest.approx(2.7731 * decode / (decode + 4 * drafted), abs=2e-3)
+    cli = _plan_json("gemma-4-12b", "--tp", "2", "--draft-tokens", "4", "--acceptance", "0,0.7,1")
+    assert cli["speculation"] == spec

@@ -61,6 +61,17 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def rate_list(text: str) -> list[float]:
+    """argparse type: ``"0.5,0.7"`` -> [0.5, 0.7] (rates in [0, 1])."""
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated rates, found {text!r}") from None
+    if not values or not all(0.0 <= v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected rates in [0, 1], found {text!r}")
+    return values
+
+
 def prompt_from_args(args: argparse.Namespace, opened: OpenedModel) -> list[int]:
     """``--chat MESSAGE`` through the model's chat format, ``--prompt TEXT`` tokenised with its
     tokenizer.json (special tokens as the tokenizer adds them), or ``--prompt-len`` seeded random
@@ -153,4 +164,4 @@ def add_dtype_option(p: argparse.ArgumentParser, what: str) -> None:
                    help=f"dtype {what}; the host softcap and sampling stay float32")
 
 
-__all__ = ["print_json", "int_list", "prompt_from_args", "emit_generation", "add_prompt_options", "add_dtype_option"]
+__all__ = ["print_json", "int_list", "rate_list", "prompt_from_args", "emit_generation", "add_prompt_options", "add_dtype_option"]

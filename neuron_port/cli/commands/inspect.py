@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from neuron_port.cli.commands.common import int_list, print_json
+from neuron_port.cli.commands.common import int_list, print_json, rate_list
 from neuron_port.cli.quant_flags import add_quant_option
 
 
@@ -38,18 +38,26 @@ def _cmd_shard_plan(args: argparse.Namespace) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     from neuron_port.model.configs import load_config
     from neuron_port.model.layout import describe
-    from neuron_port.planner import Target, format_capacity_plan, plan_capacity, save_chart
+    from neuron_port.planner import Target, format_capacity_plan, plan_capacity, save_chart, speculative_roofline
 
     config = load_config(args.model, tiny=args.tiny)
-    plan = plan_capacity(describe(config), config, args.model, Target.parse(args.target), args.dtype, args.tp,
+    target = Target.parse(args.target)
+    plan = plan_capacity(describe(config), config, args.model, target, args.dtype, args.tp,
                          args.context, tuple(args.buckets), args.batch, args.embeddings_on_device, not args.separate_weights,
                          args.quant)
+    speculation = (speculative_roofline(plan, target, args.draft_tokens, args.acceptance, args.drafter_bytes)
+                   if args.draft_tokens else None)
     if args.png:
         save_chart(plan, args.png)
     if args.json:
-        print_json(plan.to_json())
-    else:
-        print(format_capacity_plan(plan))
+        print_json({**plan.to_json(), **({"speculation": speculation} if speculation else {})})
+        return 0
+    print(format_capacity_plan(plan))
+    if speculation:
+        print(f"  speculative decoding, {args.draft_tokens} drafts per verify step (the same bytes as a decode step"
+              f"{f' + {args.drafter_bytes / (1 << 20):.1f} MiB per drafted token' if args.drafter_bytes else ''}): "
+              + "; ".join(f"acceptance {r['acceptance']}: {r['tok_per_s']} tok/s ({r['speedup']}x)"
+                          for r in speculation["rows"]))
     return 0
 
 
@@ -122,6 +130,13 @@ def add(sub) -> None:
     )
     p.add_argument("--json", action="store_true", help="print JSON (for scripts) instead of lines for people")
     p.add_argument("--png", default=None, help="write a per-core memory chart (needs matplotlib)")
+    p.add_argument("--draft-tokens", type=int, default=0, metavar="K",
+                   help="speculative decoding: the roofline tok/s with verify steps of K drafts (default 0: none)")
+    p.add_argument("--acceptance", type=rate_list, default=[0.5, 0.7], metavar="A,...",
+                   help="--draft-tokens: per-draft acceptance rates to model (default 0.5,0.7)")
+    p.add_argument("--drafter-bytes", type=int, default=0, metavar="BYTES",
+                   help="--draft-tokens: bytes a drafted token moves per core (a drafter's weights and the K/V it "
+                        "reads; default 0, prompt lookup)")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("lint", help="Neuron-hostile ops and SBUF overflows in the exported graphs, before compiling")
