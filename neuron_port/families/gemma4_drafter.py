@@ -52,8 +52,8 @@ def producer_layers(target_config: Any) -> dict[str, int]:
 
 
 def check_drafter(target_config: Any, drafter_config: Any) -> None:
-    """Refuse a drafter that cannot read this target: another drafter type, vocabulary, backbone width, or an
-    attention type whose KV-head count or head size differs from the target producer's it reads."""
+    """Refuse a drafter that cannot read this target: another drafter type, vocabulary, backbone width or sliding
+    window, or an attention type whose KV-head count or head size differs from the target producer's it reads."""
     kind = drafter_config.model_type
     if DRAFTER_TYPES.get(kind) != target_config.model_type:
         raise DrafterError(f"a {target_config.model_type} target takes a {drafter_type(target_config)} drafter, "
@@ -64,6 +64,9 @@ def check_drafter(target_config: Any, drafter_config: Any) -> None:
     if drafter_config.backbone_hidden_size != target_config.hidden_size:
         raise DrafterError(f"the drafter was trained on a {drafter_config.backbone_hidden_size}-wide backbone, its "
                            f"target is {target_config.hidden_size} wide")
+    if text.sliding_window != target_config.sliding_window:
+        raise DrafterError(f"the drafter's sliding window is {text.sliding_window} positions, its target's "
+                           f"{target_config.sliding_window}: it reads the target's rings")
     producers = producer_layers(target_config)
     for i, kind_of_layer in enumerate(text.layer_types):
         if kind_of_layer not in producers:

@@ -76,7 +76,7 @@ def _model_rank(shape: PortShape, work: _RankWork, rank: Rank) -> GenerationResu
     if work.drafter is None:
         return _on_port(port, work, rank.rank)
     config = family_of(rank.model).text_config_of(rank.model)
-    graph = DrafterGraph.over(work.drafter, config, port.stores.largest)
+    graph = DrafterGraph.over(work.drafter, config, port.stores.largest, dtype=port.inputs.dtype)
     return _on_port(port, work, rank.rank, ModelDrafter(graph, lambda ids: port.inputs.embeddings.embed(ids)[0]))
 
 

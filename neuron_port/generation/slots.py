@@ -80,6 +80,11 @@ class SlotBatch:
     def __init__(self, port, slots: int, tokenizer: Any = None, pad_id: int = 0, keep_logits: bool = False,
                  drafter: ModelDrafter | None = None):
         port.check_batch(slots)
+        if drafter is not None and not (port.graphs is not None and all(
+                g.returns_hidden for g in (*port.graphs.prefill.values(), *port.graphs.decode.values(),
+                                           *port.graphs.verify.values()))):
+            raise ValueError("a drafter reads the hidden state every step of its port returns: build the port with "
+                             "returns_hidden=True (Port.over_model, Port.for_rank)")
         # a Gemma-4 drafter reading this batch's store (its port's graphs return their hidden states); None: drafts,
         # if any, come by prompt lookup
         self.drafter = drafter

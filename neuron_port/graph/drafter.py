@@ -41,9 +41,12 @@ class DrafterGraph(nn.Module):
         self.reads = {kind: owner[layer] for kind, layer in producer_layers(target_config).items()}
 
     @classmethod
-    def over(cls, drafter: nn.Module, target_config: Any, spec: KVStoreSpec, *, owned: bool = False) -> DrafterGraph:
-        """A drafter graph over a copy of ``drafter`` (``owned``: one made for this graph alone, used as it is)."""
-        return cls(drafter if owned else copy.deepcopy(drafter), target_config, spec)
+    def over(cls, drafter: nn.Module, target_config: Any, spec: KVStoreSpec, *, owned: bool = False,
+             dtype: torch.dtype | None = None) -> DrafterGraph:
+        """A drafter graph over a copy of ``drafter`` (``owned``: one made for this graph alone, used as it is), its
+        weights cast to ``dtype`` (the target port's: what its embeddings, hidden states and store are in)."""
+        mine = drafter if owned else copy.deepcopy(drafter)
+        return cls(mine if dtype is None else mine.to(dtype), target_config, spec)
 
     def forward(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, written: torch.Tensor,
                 fed: torch.Tensor, *kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -174,7 +174,9 @@ def drafter_view(pending: torch.Tensor, written: torch.Tensor, fed: torch.Tensor
     them (``SinglePositionMultiTokenCandidateGenerator`` and ``Gemma4AssistantForCausalLM``'s masks).
 
     Per row (all [batch], long): ``pending`` the position of the last token seen, not yet fed to the target;
-    ``written`` the last position the target's latest call wrote; ``fed`` how many positions that call fed (the
+    ``written`` the last position of the row's own tokens the target's latest call wrote (a batched verify step
+    also writes padding past it for rows with shorter drafts: no view reaches those); ``fed`` how many of the row's
+    positions that call fed (the
     prompt's length for a prefill, 1 for a decode step, the drafts + 1 for a verify step). Full layers read
     positions ``0 .. min(pending, written)``. Sliding layers read what the target's sliding cache returned (its
     ``window - 1`` kept positions and the call's ``fed`` ones), cut to its first ``pending + 1``, then the last
@@ -192,8 +194,9 @@ def drafter_view(pending: torch.Tensor, written: torch.Tensor, fed: torch.Tensor
 def drafter_masks(pending: torch.Tensor, written: torch.Tensor, fed: torch.Tensor, kv_len: int, window: int | None,
                   ring: int | None, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """Additive masks of a drafter step over the target's store (:func:`drafter_view`): full [batch, 1, 1, kv_len]
-    and sliding [batch, 1, 1, ring or kv_len]. A ring slot holds the latest position written there up to
-    ``written`` (:func:`ring_positions`); the view fits a ring of ``window + k`` slots after a verify step of up to
+    and sliding [batch, 1, 1, ring or kv_len]. A ring slot is taken to hold the latest position written there up to
+    ``written`` (:func:`ring_positions`; a slot padding or a rejected draft wrote later lies outside the view); the
+    view fits a ring of ``window + k`` slots after a verify step of up to
     ``k + 1`` tokens, ``k >= 1`` (:func:`verify_ring`)."""
     last_full, first, last = drafter_view(pending, written, fed, window)
     slots = torch.arange(kv_len, device=pending.device)[None, :]

@@ -42,6 +42,14 @@ def test_a_drafter_that_does_not_fit_is_refused():
         tiny_drafter_config(load_config("llama", tiny=True), {})
 
 
+def test_a_drafter_with_another_window_is_refused():
+    config = load_config("gemma-4-e2b", tiny=True)
+    text = family_for(config.model_type).config_to_dict(config)
+    text["sliding_window"] = 2 * text["sliding_window"]
+    with pytest.raises(DrafterError, match="sliding window"):
+        check_drafter(config, tiny_drafter_config(config, text))
+
+
 def test_a_drafter_reading_other_kv_shapes_is_refused():
     config = load_config("gemma-4-e2b", tiny=True)
     text = family_for(config.model_type).config_to_dict(config)

@@ -137,17 +137,17 @@ def test_drafts_and_acceptance_equal_transformers_assisted_generation(name, orde
     assert 0 in counts and K in counts  # the pair both rejects and keeps whole drafts: the counts mean something
 
 
-@pytest.mark.parametrize("plant", ["view", "hidden"])
+@pytest.mark.parametrize("plant", ["view", "window", "hidden"])
 def test_a_planted_fault_changes_the_drafts(plant, monkeypatch):
-    """The comparison fails when the drafter reads one position short, or the hidden state of the slot's call
-    before its latest."""
+    """The comparison fails when the drafter reads one position short on full layers, one position fewer on
+    sliding layers, or the hidden state of the slot's call before its latest."""
     config, target, drafter = _agreeing_pair("gemma-4-e2b")
     prompt = torch.randint(3, config.vocab_size, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
     _, hf_rounds, _ = _hf_rounds(target, drafter, prompt, monkeypatch)
-    if plant == "view":
-        real_view = masks.drafter_view
-        monkeypatch.setattr(masks, "drafter_view", lambda p, w, f, win: tuple(x - 1 if i == 0 else x for i, x in
-                                                                             enumerate(real_view(p, w, f, win))))
+    if plant in ("view", "window"):
+        real_view, shifted = masks.drafter_view, (0 if plant == "view" else 1)
+        monkeypatch.setattr(masks, "drafter_view", lambda p, w, f, win: tuple(
+            x + (-1 if i == 0 else 1) * (i == shifted) for i, x in enumerate(real_view(p, w, f, win))))
     else:
         real_observe, before = ModelDrafter.observe, {}
 
@@ -176,6 +176,26 @@ def test_generate_takes_a_drafter_and_refuses_what_it_cannot_do(tiny_e2b_artifac
         generate(target, GenerationRequest.greedy([prompt], 4, draft_tokens=K), drafter=drafter, tp=2)
     with pytest.raises(ValueError, match="an artifact or a built port has no drafter graph"):
         generate(tiny_e2b_artifact, GenerationRequest.greedy([prompt], 4, draft_tokens=K), drafter=drafter)
+
+
+def test_a_drafter_needs_a_port_that_returns_hidden_states():
+    config, target, drafter = _agreeing_pair("gemma-4-e2b")
+    port = Port.over_model(target, PortShape([16], [64], draft_tokens=K))
+    graph = DrafterGraph.over(drafter, config, port.stores.largest)
+    with pytest.raises(ValueError, match="returns_hidden=True"):
+        SlotBatch(port, 1, drafter=ModelDrafter(graph, lambda ids: port.inputs.embeddings.embed(ids)[0]))
+
+
+def test_a_bf16_port_drafts_in_bf16():
+    from neuron_port.generation.generate import generate
+    from neuron_port.generation.request import GenerationRequest
+    from neuron_port.model.loading import cast_weights
+
+    config, target, drafter = _agreeing_pair("gemma-4-e2b")
+    prompt = torch.randint(3, config.vocab_size, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
+    result = generate(cast_weights(target, torch.bfloat16), GenerationRequest.greedy([prompt], 8, draft_tokens=K),
+                      drafter=drafter)
+    assert len(result.tokens[0]) == 8 and result.drafted > 0
 
 
 def _hf_rounds_free(target, drafter, prompt):

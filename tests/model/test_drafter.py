@@ -21,5 +21,5 @@ def test_a_saved_drafter_loads_back_checked_against_its_target(tmp_path):
         assert torch.equal(mine, theirs), name
     with pytest.raises(DrafterError, match="holds a config.json"):
         load_drafter(tmp_path, config)
-    with pytest.raises(DrafterError, match="drafter"):
+    with pytest.raises(DrafterError, match="takes a gemma4_unified_assistant drafter, found 'gemma4_assistant'"):
         load_drafter(tmp_path / "drafter", load_config("gemma-4-12b", tiny=True))

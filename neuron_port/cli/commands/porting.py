@@ -47,6 +47,7 @@ def _cmd_port(args: argparse.Namespace) -> int:
 
         require_xla()  # before any model is built: one line saying how to install it
     opened = OpenedModel.open(args.model, tiny=args.tiny)
+    drafter = _drafter(args, opened.config)  # read and checked against the target before the target is built
     model = model_from_name(args.model, tiny=args.tiny, seed=args.seed, dtype=parse_dtype(args.dtype), quant=args.quant,
                             config=opened.config)
     setup = RankSetup.for_layout(describe(model), args.tp)
@@ -59,7 +60,6 @@ def _cmd_port(args: argparse.Namespace) -> int:
     request = GenerationRequest.greedy(prompts, args.max_new_tokens, stop_ids, keep_logits=args.check,
                                        draft_tokens=draft_tokens)
     stream = text_stream(args, opened)  # the answer as it comes, for a person reading a text prompt's
-    drafter = _drafter(args, opened.config)
     result = generate(model, request, shape=shape, setup=setup, backend="xla" if args.backend == "xla" else "eager",
                       tokenizer=stream.tokenizer if stream else None, on_token=stream, drafter=drafter)
     out: dict[str, Any] = {
@@ -100,7 +100,8 @@ def _refuse_speculation(args: argparse.Namespace) -> None:
     from neuron_port.errors import NeuronPortError
 
     if args.draft is not None and args.speculate != "assistant":
-        raise NeuronPortError(f"--draft names the drafter of --speculate assistant, found --speculate {args.speculate}")
+        raise NeuronPortError(f"--draft names the drafter of --speculate assistant, found "
+                              f"{f'--speculate {args.speculate}' if args.speculate else 'no --speculate'}")
     if not args.speculate:
         return
     if args.draft_tokens < 1:
