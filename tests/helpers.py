@@ -309,9 +309,9 @@ def run_slot_schedule(port, schedule, slots: int) -> dict[int, list[int]]:
     return tokens
 
 
-def ranks_match_hf(model, tp: int, in_process: bool):
+def ranks_match_hf(model, tp: int, in_process: bool, tolerance: float = 1e-4):
     """Generate 48 greedy tokens from a seeded 24-token prompt at ``tp`` (threads, or gloo processes when not
-    ``in_process``) and assert tokens equal Hugging Face's and every step's logits are within 1e-4 of the
+    ``in_process``) and assert tokens equal Hugging Face's and every step's logits are within ``tolerance`` of the
     largest; the result."""
     import torch
 
@@ -335,5 +335,5 @@ def ranks_match_hf(model, tp: int, in_process: bool):
     port_logits = softcap(torch.stack(got.step_logits)[:, 0], model.config.final_logit_softcapping)
     ref_logits = torch.stack(ref.logits)
     rel = (port_logits - ref_logits).abs().max() / ref_logits.abs().max()
-    assert rel < 1e-4, f"logits differ by {rel:.2e} relative"
+    assert rel < tolerance, f"logits differ by {rel:.2e} relative (bound {tolerance:.0e})"
     return got

@@ -10,7 +10,11 @@ drafts ``k`` tokens from one position and feeds ``post_projection`` of its state
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+import torch
+from torch import nn
 
 from neuron_port.errors import DrafterError
 
@@ -79,6 +83,46 @@ def check_drafter(target_config: Any, drafter_config: Any) -> None:
                                f"{want.num_key_value_heads} of {want.head_dim}")
 
 
+@dataclass(frozen=True)
+class DrafterParts:
+    """A drafter's modules, by what they do: ``text_model`` (its layers, all KV-shared), ``pre_projection`` (target
+    embedding and hidden in), ``post_projection`` (its state back to the target's width), ``head_weight`` [vocab,
+    hidden] and ``centroid_head`` (the ordered-embedding head, or None)."""
+
+    text_model: nn.Module
+    pre_projection: nn.Module
+    post_projection: nn.Module
+    head_weight: torch.Tensor
+    centroid_head: nn.Module | None
+
+
+def drafter_parts(drafter: nn.Module) -> DrafterParts:
+    """The modules of a ``Gemma4AssistantForCausalLM`` / ``Gemma4UnifiedAssistantForCausalLM``."""
+    return DrafterParts(drafter.model, drafter.pre_projection, drafter.post_projection, drafter.lm_head.weight,
+                        drafter.masked_embedding)
+
+
+def use_eager_attention(drafter_config: Any) -> None:
+    """Set transformers' eager attention on a drafter's config and its text part."""
+    drafter_config._attn_implementation = "eager"
+    drafter_config.get_text_config()._attn_implementation = "eager"
+
+
+def drafter_vocab_size(drafter_config: Any) -> int:
+    return int(drafter_config.get_text_config().vocab_size)
+
+
+@torch.no_grad()
+def seed_drafter_buffers(drafter: nn.Module, generator: torch.Generator) -> None:
+    """Draw what transformers initialises to defaults: each layer's ``layer_scalar`` in [0.5, 1.0) and, with the
+    centroid head, its token order (a permutation of the vocabulary; zeros would put every token in one cluster)."""
+    for layer in drafter.model.layers:
+        layer.layer_scalar.copy_(0.5 + 0.5 * torch.rand(layer.layer_scalar.shape, generator=generator))
+    if drafter.masked_embedding is not None:
+        vocab = drafter_vocab_size(drafter.config)
+        drafter.masked_embedding.token_ordering.copy_(torch.randperm(vocab, generator=generator))
+
+
 def tiny_drafter_config(target_config: Any, text_dict: dict[str, Any], ordered: bool = False,
                         centroids: int = 8, top_k: int = 2) -> Any:
     """A tiny drafter for ``target_config`` (tests, ``--tiny``): two layers (one per attention type, the last full),
@@ -96,5 +140,6 @@ def tiny_drafter_config(target_config: Any, text_dict: dict[str, Any], ordered: 
                         use_ordered_embeddings=ordered, num_centroids=centroids, centroid_intermediate_top_k=top_k)
 
 
-__all__ = ["DRAFTER_TYPES", "drafter_type", "drafter_classes", "producer_layers", "check_drafter", "tiny_drafter_config",
+__all__ = ["DRAFTER_TYPES", "DrafterParts", "drafter_parts", "use_eager_attention", "drafter_vocab_size",
+           "seed_drafter_buffers", "drafter_type", "drafter_classes", "producer_layers", "check_drafter", "tiny_drafter_config",
            "TINY_DRAFTER_HIDDEN"]

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from neuron_port.families import family_for
-from neuron_port.families.gemma4_drafter import producer_layers
+from neuron_port.families.gemma4_drafter import drafter_parts, producer_layers
 from neuron_port.graph import attention, masks
 from neuron_port.graph.kv import KVStoreSpec
 
@@ -36,6 +36,7 @@ class DrafterGraph(nn.Module):
         super().__init__()
         family_for(target_config.model_type).use_attention(drafter, attention.register())
         self.drafter = drafter
+        self.parts = drafter_parts(drafter)
         self.spec = spec
         owner = {slot.layer: j for j, slot in enumerate(spec.slots)}
         self.reads = {kind: owner[layer] for kind, layer in producer_layers(target_config).items()}
@@ -56,16 +57,15 @@ class DrafterGraph(nn.Module):
         full, sliding = masks.drafter_masks(position_ids[:, 0], written, fed, spec.kv_len, spec.window, spec.ring,
                                             inputs_embeds.dtype)
         shared = {kind: (kv[j], kv[n + j]) for kind, j in self.reads.items()}
-        drafter = self.drafter
-        out = drafter.model(inputs_embeds=drafter.pre_projection(inputs_embeds),
-                            attention_mask={"full_attention": full, "sliding_attention": sliding},
-                            position_ids=position_ids, shared_kv_states=shared, use_cache=False)
+        parts = self.parts
+        out = parts.text_model(inputs_embeds=parts.pre_projection(inputs_embeds),
+                               attention_mask={"full_attention": full, "sliding_attention": sliding},
+                               position_ids=position_ids, shared_kv_states=shared, use_cache=False)
         hidden = out.last_hidden_state  # [batch, 1, drafter hidden]
-        state = drafter.post_projection(hidden)[:, 0]
-        if drafter.masked_embedding is not None:
-            return centroid_logits(drafter.masked_embedding, drafter.lm_head.weight, hidden[:, 0]), state
-        return drafter.lm_head(hidden)[:, 0], state
-
+        state = parts.post_projection(hidden)[:, 0]
+        if parts.centroid_head is not None:
+            return centroid_logits(parts.centroid_head, parts.head_weight, hidden[:, 0]), state
+        return hidden[:, 0] @ parts.head_weight.t(), state
 
 def centroid_logits(head: nn.Module, weight: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     """The ordered-embedding head (``use_ordered_embeddings``): hidden [batch, hidden] -> logits [batch, vocab] where

@@ -15,7 +15,13 @@ from torch import nn
 
 from neuron_port.errors import DrafterError
 from neuron_port.families import family_for
-from neuron_port.families.gemma4_drafter import check_drafter, drafter_classes, tiny_drafter_config
+from neuron_port.families.gemma4_drafter import (
+    check_drafter,
+    drafter_classes,
+    seed_drafter_buffers,
+    tiny_drafter_config,
+    use_eager_attention,
+)
 
 
 def build_drafter(target_config: Any, seed: int = 0, ordered: bool = False) -> nn.Module:
@@ -23,17 +29,11 @@ def build_drafter(target_config: Any, seed: int = 0, ordered: bool = False) -> n
     ``ordered``, its centroid head's token order drawn too: transformers initialises them to defaults)."""
     family = family_for(target_config.model_type)
     config = tiny_drafter_config(target_config, family.config_to_dict(target_config), ordered=ordered)
-    config.get_text_config()._attn_implementation = "eager"
+    use_eager_attention(config)
     torch.manual_seed(seed)
     _, model_class = drafter_classes(config.model_type)
     drafter = model_class(config)
-    generator = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for layer in drafter.model.layers:
-            layer.layer_scalar.copy_(0.5 + 0.5 * torch.rand(layer.layer_scalar.shape, generator=generator))
-        if drafter.masked_embedding is not None:
-            drafter.masked_embedding.token_ordering.copy_(torch.randperm(config.get_text_config().vocab_size,
-                                                                         generator=generator))
+    seed_drafter_buffers(drafter, torch.Generator().manual_seed(seed + 1))
     check_drafter(target_config, config)
     return drafter.eval()
 
@@ -49,7 +49,7 @@ def load_drafter(directory: str | Path, target_config: Any) -> nn.Module:
     config_class, model_class = drafter_classes(str(kind))
     config = config_class.from_pretrained(where)
     check_drafter(target_config, config)
-    config.get_text_config()._attn_implementation = "eager"
+    use_eager_attention(config)
     return model_class.from_pretrained(where, config=config, dtype=torch.float32).eval()
 
 

@@ -64,7 +64,10 @@ def test_int8_scales_follow_their_rows_and_row_parallel_ones_are_replicated(head
 
 def test_an_int8_models_ranks_generate_as_the_int8_model_does():
     """Threads at tp 2 on the E2B and on a model whose ranks straddle KV groups: tokens equal, every
-    step's logits within 1e-4 (``ranks_match_hf``), and each rank holds int8 projections."""
+    step's logits within 3e-4 (``ranks_match_hf``), and each rank holds int8 projections. The bound is 3x the
+    float models' 1e-4: on a host whose BLAS sums in another order (seen 2026-12-07, a new CI machine) the int8
+    ranks' row-parallel partial sums of dequantized weights differed by 1.63e-4 over 48 greedy steps, the same at
+    the commit before (248793f); tokens stay equal."""
     e2b = build_model(load_config("gemma-4-e2b", tiny=True), seed=0)
     for model in (apply_quant(e2b, "int8"), apply_quant(straddling_model(), "int8")):
         setup = RankSetup.for_layout(describe(model), 2)
@@ -74,4 +77,4 @@ def test_an_int8_models_ranks_generate_as_the_int8_model_does():
                        for part in family.layer_projections(layer, spec.index) for m in part.values() if m is not None]
         assert projections and all(isinstance(m, Int8Linear) for m in projections)
         assert all(m.scale.dtype == torch.float32 and m.scale.shape == (m.weight.shape[0],) for m in projections)
-        ranks_match_hf(model, 2, in_process=True)
+        ranks_match_hf(model, 2, in_process=True, tolerance=3e-4)
