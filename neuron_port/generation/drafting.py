@@ -12,10 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from neuron_port.graph.drafter import DrafterGraph
 from neuron_port.graph.kv import KVStore
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from neuron_port.graph.port import Port
 
 DrafterRunner = Callable[..., Sequence[torch.Tensor]]
 """``runner(inputs_embeds, position_ids, written, fed, *store) -> (logits [batch, vocab], state [batch, hidden])``."""
@@ -77,4 +84,12 @@ class ModelDrafter:
         return drafts
 
 
-__all__ = ["ModelDrafter", "Seen", "DrafterRunner"]
+def drafter_over_port(drafter: nn.Module, target_config: Any, port: Port) -> ModelDrafter:
+    """A drafter (:func:`~neuron_port.model.drafter.load_drafter`) drafting over ``port``'s store: its graph in the
+    port's dtype reading the port's largest store, fed the port's host word embeddings. ``target_config``: the
+    target's text config; ``port`` must return its hidden states (``returns_hidden=True``)."""
+    graph = DrafterGraph.over(drafter, target_config, port.stores.largest, dtype=port.inputs.dtype)
+    return ModelDrafter(graph, lambda ids: port.inputs.embeddings.embed(ids)[0])
+
+
+__all__ = ["ModelDrafter", "Seen", "DrafterRunner", "drafter_over_port"]

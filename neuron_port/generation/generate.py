@@ -33,11 +33,10 @@ from neuron_port.artifacts.reader import artifact_setup, load_rank_port
 from neuron_port.artifacts.record import Manifest
 from neuron_port.errors import ArtifactError
 from neuron_port.families import family_of
-from neuron_port.generation.drafting import ModelDrafter
+from neuron_port.generation.drafting import ModelDrafter, drafter_over_port
 from neuron_port.generation.offline import run_request
 from neuron_port.generation.request import GenerationRequest, GenerationResult, merge_ranks
 from neuron_port.generation.request_state import TokenEvent
-from neuron_port.graph.drafter import DrafterGraph
 from neuron_port.graph.port import Port
 from neuron_port.graph.shapes import PortShape, select_bucket
 from neuron_port.model.layout import describe
@@ -76,8 +75,7 @@ def _model_rank(shape: PortShape, work: _RankWork, rank: Rank) -> GenerationResu
     if work.drafter is None:
         return _on_port(port, work, rank.rank)
     config = family_of(rank.model).text_config_of(rank.model)
-    graph = DrafterGraph.over(work.drafter, config, port.stores.largest, dtype=port.inputs.dtype)
-    return _on_port(port, work, rank.rank, ModelDrafter(graph, lambda ids: port.inputs.embeddings.embed(ids)[0]))
+    return _on_port(port, work, rank.rank, drafter_over_port(work.drafter, config, port))
 
 
 def _artifact_rank(directory: str, manifest: Manifest, work: _RankWork, rank: Rank) -> GenerationResult | dict[str, Any]:

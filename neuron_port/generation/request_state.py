@@ -21,7 +21,9 @@ from neuron_port.generation.sampling import sample_token
 
 @dataclass(frozen=True)
 class TokenEvent:
-    """One generated token of one row. ``text`` is the newly released text (may be empty)."""
+    """One generated token of one row. ``text`` is the newly released text (may be empty). ``drafted`` and
+    ``accepted`` (speculative decoding): on the first token a verify step gives a row, the tokens drafted for it in
+    that step and how many of them the target emitted; 0 on every other token (so a row's sums are its totals)."""
 
     row: int
     index: int
@@ -32,6 +34,8 @@ class TokenEvent:
     finish_reason: str | None = None
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
+    drafted: int = 0
+    accepted: int = 0
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -352,19 +352,25 @@ class SlotBatch:
             return out
 
     def _accept(self, slot: int, draft: list[int], logits: torch.Tensor, host_ms: float, graph_ms: float) -> list[Outcome]:
-        """Emit ``slot``'s tokens from its verify rows ``logits`` [len(draft) + 1, vocab] while they equal its draft."""
+        """Emit ``slot``'s tokens from its verify rows ``logits`` [len(draft) + 1, vocab] while they equal its draft.
+        A drafted token the target emits is accepted (the one that ends the row included); the first event carries
+        the step's drafted and accepted counts."""
         out: list[Outcome] = []
         start = int(self.positions[slot])
-        self.drafted += len(draft)
+        kept = 0
         for i in range(len(draft) + 1):
             self.positions[slot] = start + i + 1
             emitted = self._advance([slot], [logits[i]], host_ms, graph_ms)
             out += emitted
             event = emitted[0][1] if emitted else None
-            if self.rows[slot] is None or i == len(draft) or not isinstance(event, TokenEvent) or event.token_id != draft[i]:
+            matched = i < len(draft) and isinstance(event, TokenEvent) and event.token_id == draft[i]
+            kept += matched
+            if self.rows[slot] is None or not matched:
                 break
-            self.accepted += 1
+        self.drafted += len(draft)
+        self.accepted += kept
+        if draft and out and isinstance(out[0][1], TokenEvent):
+            out[0] = (out[0][0], replace(out[0][1], drafted=len(draft), accepted=kept))
         return out
-
 
 __all__ = ["SlotBatch", "StepInfo", "Outcome"]

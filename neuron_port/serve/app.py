@@ -180,7 +180,7 @@ def ready_line(served: Served, host: str, port: int) -> str:
     """What the server says once its model is loaded: where, what, and the limits a client meets."""
     return (f"neuron-port: serving {served.model_id} on http://{host}:{port} (OpenAI API under /v1): "
             f"{served.engine.max_batch} slots, prompts up to {served.max_prompt} tokens (buckets {served.buckets}), "
-            f"context {served.kv_len}")
+            f"context {served.kv_len}" + (f", speculative decoding ({served.speculation})" if served.speculation else ""))
 
 
 def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_timeout_s: float = 60.0,

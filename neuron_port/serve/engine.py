@@ -13,7 +13,11 @@ fixed number of slots over one port. How waiting requests join is its one policy
 
 Beyond ``max_queue`` waiting requests :meth:`Engine.submit` raises :class:`QueueFull` (the
 server's 429); :meth:`Engine.submit_all` queues several (a request's ``n`` choices) all or none.
-A cancelled request (its client went away) stops at the next step. Events reach the submitter
+A cancelled request (its client went away) stops at the next step.
+
+With ``draft_tokens`` k (speculative decoding, an eager port built for it), every step is a verify step of up to
+k drafts per slot: a Gemma-4 ``drafter``'s over the batch's store, or prompt lookup's without one. Greedy output
+is what plain steps give; each slot's first event of a step carries what it drafted and kept. Events reach the submitter
 through its callback, on the worker thread: the prompt's :class:`PromptScores` first when it asked
 for them, a :class:`TokenEvent` per token, then exactly one final event — ``None`` when it is
 done, or the exception that ended it.
@@ -26,12 +30,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_port.errors import NeuronPortError, QueueFull
 from neuron_port.generation.request import GenerationParams
 from neuron_port.generation.request_state import PromptScores, TokenEvent
 from neuron_port.generation.slots import SlotBatch
+
+if TYPE_CHECKING:
+    from neuron_port.generation.drafting import ModelDrafter
 
 ADMISSIONS = ("continuous", "static")
 
@@ -158,11 +165,14 @@ class Engine(_Worker):
     requests it was admitting and a failed decode step the requests decoding."""
 
     def __init__(self, port, tokenizer: Any = None, slots: int = 4, max_queue: int = 64, pad_id: int = 0,
-                 lockstep: Any = None, admission: str = "continuous"):
+                 lockstep: Any = None, admission: str = "continuous", draft_tokens: int = 0,
+                 drafter: ModelDrafter | None = None):
         if admission not in ADMISSIONS:
             raise ValueError(f"admission must be one of {ADMISSIONS}, found {admission!r}")
+        _check_speculation(port, draft_tokens, drafter, lockstep)
         self.admission = admission
-        self.batch = SlotBatch(port, port.batch or slots, tokenizer, pad_id)
+        self.draft_tokens = draft_tokens
+        self.batch = SlotBatch(port, port.batch or slots, tokenizer, pad_id, drafter=drafter)
         self.max_batch = self.batch.slots
         self.lockstep = lockstep
         self._new: list[Submission] = []  # taken this round, maybe not yet in a slot
@@ -194,7 +204,7 @@ class Engine(_Worker):
             if new or released or batch.active:
                 self.lockstep.round(released, [(r.prompt, r.params) for r in new])
                 self._dispatch(batch.admit([(r.prompt, r.params, r) for r in new]))
-                self._dispatch(batch.step())
+                self._dispatch(self._step())
         else:
             self._isolated_round(new)
         self._new = []
@@ -210,11 +220,35 @@ class Engine(_Worker):
             for req in new:
                 req.tell(exc)
         try:
-            self._dispatch(batch.step())
+            self._dispatch(self._step())
         except Exception as exc:  # noqa: BLE001 - the decode step failed: every request in it hears why
             for req in [batch.release(slot) for slot in batch.active]:
                 req.tell(exc)
             batch.store = None
+
+    def _step(self) -> list:
+        """One decode step of the occupied slots, or with speculation one verify step of their drafts."""
+        batch = self.batch
+        if not self.draft_tokens:
+            return batch.step()
+        draft = batch.model_drafts if batch.drafter is not None else batch.lookup_drafts
+        return batch.verify_step(draft(self.draft_tokens))
+
+
+def _check_speculation(port, draft_tokens: int, drafter: ModelDrafter | None, lockstep: Any) -> None:
+    """Refuse speculation an engine cannot run, before its thread starts."""
+    if draft_tokens < 0:
+        raise ValueError(f"draft_tokens is 0 (no speculation) or more, found {draft_tokens}")
+    if drafter is not None and not draft_tokens:
+        raise ValueError("a drafter drafts draft_tokens per verify step: set draft_tokens >= 1")
+    if not draft_tokens:
+        return
+    if lockstep is not None or port.batch is not None or port.runners.one_store:
+        raise ValueError("speculative decoding runs verify graphs eagerly over a model's own port: not on compiled "
+                         "graphs, an artifact or one aliased store (serve the model without --slim)")
+    if draft_tokens + 1 not in port.runners.verify:
+        raise ValueError(f"{draft_tokens} drafts per step need a port built with draft_tokens >= {draft_tokens} "
+                         f"(verify graphs {sorted(port.runners.verify) or 'none'})")
 
 
 __all__ = ["ADMISSIONS", "Engine", "Submission"]

@@ -17,7 +17,16 @@ LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
                 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+# a request's share of drafted tokens the target kept (speculative decoding)
+ACCEPTANCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 UNMATCHED = "unmatched"
+# (name, help): speculative decoding's counters, named as vLLM names them (label model_name)
+SPECULATION_COUNTERS = {
+    "drafts": ("vllm:spec_decode_num_drafts_total", "Verify steps of one request that checked at least one draft."),
+    "draft_tokens": ("vllm:spec_decode_num_draft_tokens_total", "Drafted tokens checked by the target."),
+    "accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total", "Drafted tokens the target emitted."),
+}
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 COUNTERS = {
     "prompt_tokens": "Prompt tokens of accepted requests.",
     "generated_tokens": "Tokens generated.",
@@ -80,6 +89,9 @@ class Metrics:
     latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
     tokens: dict[str, Histogram] = field(default_factory=lambda: {key: Histogram(bounds) for key, (_, _, bounds)
                                                                   in TOKEN_HISTOGRAMS.items()})
+    speculation: dict[str, int] = field(default_factory=lambda: {key: 0 for key in SPECULATION_COUNTERS})
+    accepted_at: list[int] = field(default_factory=list)  # [position in the draft] drafted tokens kept there
+    acceptance: Histogram = field(default_factory=lambda: Histogram(ACCEPTANCE_BUCKETS))
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, counter: str, n: int) -> None:
@@ -96,6 +108,24 @@ class Metrics:
         """A time to first token (``ttft``) or between two tokens (``itl``)."""
         with self.lock:
             self.tokens[key].observe(seconds)
+
+    def speculated(self, drafted: int, accepted: int) -> None:
+        """One verify step of one request: ``drafted`` tokens checked, its first ``accepted`` kept."""
+        if not drafted:
+            return
+        with self.lock:
+            self.speculation["drafts"] += 1
+            self.speculation["draft_tokens"] += drafted
+            self.speculation["accepted_tokens"] += accepted
+            self.accepted_at += [0] * (accepted - len(self.accepted_at))
+            for position in range(accepted):
+                self.accepted_at[position] += 1
+
+    def observe_acceptance(self, drafted: int, accepted: int) -> None:
+        """A finished request's drafted tokens and those kept, as its acceptance rate (none without drafts)."""
+        if drafted:
+            with self.lock:
+                self.acceptance.observe(accepted / drafted)
 
     def count(self, route: str, status: int) -> None:
         with self.lock:
@@ -119,6 +149,19 @@ def _family(name: str, kind: str, help_text: str, samples: list[str]) -> list[st
     return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *samples]
 
 
+def _speculation_lines(counts: dict[str, int], accepted_at: list[int], acceptance: Histogram, label: str) -> list[str]:
+    """Speculative decoding's vLLM-named counters, the tokens kept at each draft position, and the per-request
+    acceptance rate (all zero when the server does not speculate)."""
+    lines: list[str] = []
+    for key, (name, help_text) in SPECULATION_COUNTERS.items():
+        lines += _family(name, "counter", help_text, [f"{name}{{{label}}} {counts[key]}"])
+    lines += _family(PER_POSITION, "counter", "Drafted tokens the target emitted, by their position in the draft.",
+                     [f'{PER_POSITION}{{{label},position="{i}"}} {n}' for i, n in enumerate(accepted_at)])
+    name = "neuron_port_request_draft_acceptance_rate"
+    return lines + _family(name, "histogram", "A finished request's drafted tokens the target emitted, as a share.",
+                           acceptance.samples(name, label))
+
+
 def render_metrics(m: Metrics, queue_depth: int, running: int, model_name: str = "") -> str:
     """The Prometheus text exposition of ``m`` plus the engine's queue depth and running count;
     ``model_name`` labels the vLLM-named families."""
@@ -127,6 +170,8 @@ def render_metrics(m: Metrics, queue_depth: int, running: int, model_name: str =
         counters = dict(m.counters)
         latency = Histogram(m.latency.bounds, list(m.latency.counts), m.latency.total, m.latency.count)
         tokens = {key: Histogram(h.bounds, list(h.counts), h.total, h.count) for key, h in m.tokens.items()}
+        speculation, accepted_at = dict(m.speculation), list(m.accepted_at)
+        acceptance = Histogram(m.acceptance.bounds, list(m.acceptance.counts), m.acceptance.total, m.acceptance.count)
     lines = _family("neuron_port_requests_total", "counter", "HTTP requests by route template and status.",
                     [f'neuron_port_requests_total{{route="{escape(route)}",status="{status}"}} {n}'
                      for (route, status), n in requests])
@@ -138,6 +183,7 @@ def render_metrics(m: Metrics, queue_depth: int, running: int, model_name: str =
     label = f'model_name="{escape(model_name)}"'
     for key, (name, help_text, _) in TOKEN_HISTOGRAMS.items():
         lines += _family(name, "histogram", help_text, tokens[key].samples(name, label))
+    lines += _speculation_lines(speculation, accepted_at, acceptance, label)
     lines += _family(
         "neuron_port_queue_depth", "gauge", "Requests waiting for a slot.", [f"neuron_port_queue_depth {queue_depth}"]
     )
@@ -153,5 +199,6 @@ def render_metrics(m: Metrics, queue_depth: int, running: int, model_name: str =
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["LATENCY_BUCKETS", "TTFT_BUCKETS", "ITL_BUCKETS", "TOKEN_HISTOGRAMS", "UNMATCHED", "COUNTERS", "Histogram",
+__all__ = ["ACCEPTANCE_BUCKETS", "SPECULATION_COUNTERS", "PER_POSITION",
+           "LATENCY_BUCKETS", "TTFT_BUCKETS", "ITL_BUCKETS", "TOKEN_HISTOGRAMS", "UNMATCHED", "COUNTERS", "Histogram",
            "Metrics", "route_label", "escape", "host_rss_bytes", "render_metrics"]

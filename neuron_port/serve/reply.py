@@ -66,6 +66,8 @@ class Reply:
         self.prompt_tokens = sum(len(p) for p in prompts)  # each prompt once, whatever its n
         self.logprobs, self.with_ids, self.usage_chunks, self.echo = logprobs, with_ids, usage_chunks, echo
         self.told = [0] * len(requests)  # tokens seen per choice
+        self.drafted = [0] * len(requests)  # speculative decoding, per choice: drafted tokens checked
+        self.accepted = [0] * len(requests)  # and those the target emitted
         self.context = [list(req.prompt[-CONTEXT_TOKENS:]) for req in requests]  # per choice, for token texts
         self.offsets = [0] * len(requests)
         self.rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
@@ -100,13 +102,23 @@ class Reply:
                 continue
             if ev is None:
                 open_choices -= 1
+                self.metrics.observe_acceptance(self.drafted[index], self.accepted[index])
                 continue
             if isinstance(ev, BaseException):
                 self.cancel(client_left=False)
                 raise ev
             if isinstance(ev, TokenEvent):
                 self._time_token(index)
+                self._count_drafts(index, ev)
             yield index, ev
+
+    def _count_drafts(self, index: int, ev: TokenEvent) -> None:
+        """A verify step's drafted and accepted tokens (on its first event), into the choice's totals and the
+        server's counters."""
+        if ev.drafted:
+            self.drafted[index] += ev.drafted
+            self.accepted[index] += ev.accepted
+            self.metrics.speculated(ev.drafted, ev.accepted)
 
     def _time_token(self, index: int) -> None:
         """Observe the time to this choice's first token, or since its previous one, from the engine's stamps."""

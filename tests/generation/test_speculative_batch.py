@@ -70,3 +70,25 @@ def test_a_verify_step_needs_a_port_built_for_its_drafts(models):
     position = int(batch.positions[0])
     (_, event), = batch.verify_step({0: []})  # no draft: a plain decode step
     assert isinstance(event, TokenEvent) and int(batch.positions[0]) == position + 1
+
+
+def test_each_verify_steps_first_event_counts_what_was_drafted_and_kept(models):
+    """The counts a server adds up: on each row's first event of a verify step, its draft's length and how many of
+    the tokens the step emitted for it, from the first, equal the draft (counted here from the emitted tokens)."""
+    _, model = models
+    batch = SlotBatch(Port.over_model(model, PortShape([16], [64], draft_tokens=4)), len(PROMPTS))
+    batch.admit([(p, GenerationParams(n), row) for row, (p, n) in enumerate(zip(PROMPTS, NEW, strict=True))])
+    drafted = accepted = 0
+    while batch.active:
+        drafts = batch.lookup_drafts(4)
+        owners = {slot: batch.owners[slot] for slot in batch.active}
+        outcomes = batch.verify_step(drafts)
+        for slot, owner in owners.items():
+            events = [event for row, event in outcomes if row == owner]
+            emitted = [event.token_id for event in events]
+            kept = next((i for i, (a, b) in enumerate(zip(emitted, drafts[slot], strict=False)) if a != b),
+                        min(len(emitted), len(drafts[slot])))
+            assert (events[0].drafted, events[0].accepted) == (len(drafts[slot]), kept)
+            assert all(event.drafted == event.accepted == 0 for event in events[1:])
+            drafted, accepted = drafted + len(drafts[slot]), accepted + kept
+    assert (batch.drafted, batch.accepted) == (drafted, accepted) and accepted > 0

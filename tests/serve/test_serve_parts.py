@@ -131,6 +131,39 @@ def test_token_times_feed_the_ttft_and_inter_token_histograms():
     assert "vllm:e2e_request_latency_seconds_count" in text and "# TYPE vllm:time_to_first_token_seconds histogram" in text
 
 
+def test_verify_steps_feed_the_speculation_counters_and_the_per_request_acceptance():
+    """Two verify steps of one request (4 drafted, 3 kept; 4 drafted, 1 kept) and a plain token: vLLM's counters,
+    the tokens kept at each draft position, and one request at acceptance 0.5."""
+    import asyncio
+
+    from neuron_port.generation.request_state import TokenEvent
+    from neuron_port.serve.metrics import render_metrics
+
+    steps = [(4, 3), (0, 0), (0, 0), (0, 0), (4, 1), (0, 0), (0, 0)]  # each token's (drafted, accepted)
+
+    async def run():
+        reply, queue = _reply(False, "none")
+        for i, (drafted, accepted) in enumerate(steps):
+            last = i == len(steps) - 1
+            queue.put_nowait((0, TokenEvent(0, i, 7, "a", 0.0, 0.0, "length" if last else None, drafted=drafted,
+                                            accepted=accepted)))
+        queue.put_nowait((0, None))
+        await reply.whole()
+        return reply.metrics
+
+    text = render_metrics(asyncio.run(run()), 0, 0, "smol")
+    assert 'vllm:spec_decode_num_drafts_total{model_name="smol"} 2' in text
+    assert 'vllm:spec_decode_num_draft_tokens_total{model_name="smol"} 8' in text
+    assert 'vllm:spec_decode_num_accepted_tokens_total{model_name="smol"} 4' in text
+    per_position = [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="smol",position="{i}"}} {n}'
+                    for i, n in enumerate([2, 1, 1])]
+    assert all(line in text for line in per_position) and 'position="3"' not in text
+    assert 'neuron_port_request_draft_acceptance_rate_bucket{model_name="smol",le="0.4"} 0' in text
+    assert 'neuron_port_request_draft_acceptance_rate_bucket{model_name="smol",le="0.5"} 1' in text
+    assert 'neuron_port_request_draft_acceptance_rate_count{model_name="smol"} 1' in text
+    assert "# TYPE vllm:spec_decode_num_drafts_total counter" in text
+
+
 def test_a_whole_response_whose_client_left_ends_quietly_with_499():
     import asyncio
 

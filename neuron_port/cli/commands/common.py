@@ -164,4 +164,20 @@ def add_dtype_option(p: argparse.ArgumentParser, what: str) -> None:
                    help=f"dtype {what}; the host softcap and sampling stay float32")
 
 
-__all__ = ["print_json", "int_list", "rate_list", "prompt_from_args", "emit_generation", "add_prompt_options", "add_dtype_option"]
+def add_speculation_options(p: argparse.ArgumentParser, where: str) -> None:
+    """``--speculate``, ``--draft`` and ``--draft-tokens``; ``where`` says what runs the verify steps."""
+    p.add_argument("--speculate", choices=["ngram", "assistant"], default=None,
+                   help="speculative decoding: ngram drafts by prompt lookup (the continuation of an earlier occurrence "
+                        "of the text's last tokens), assistant by a Gemma-4 drafter (--draft) reading the port's own "
+                        f"KV store; every draft checked by one verify step of the target; greedy output is unchanged "
+                        f"({where})")
+    p.add_argument("--draft", default=None, metavar="DIR",
+                   help="--speculate assistant: the drafter's directory (gemma4_assistant for E2B/E4B, "
+                        "gemma4_unified_assistant for the 12B, as transformers saves it); with --tiny and no --draft, a "
+                        "tiny drafter with random weights")
+    p.add_argument("--draft-tokens", type=int, default=4, metavar="K",
+                   help="--speculate: drafted tokens checked per verify step at most (default 4)")
+
+
+__all__ = ["print_json", "add_speculation_options", "int_list", "rate_list", "prompt_from_args", "emit_generation",
+           "add_prompt_options", "add_dtype_option"]

@@ -10,6 +10,7 @@ from neuron_port.cli.commands.common import (
     add_dtype_option,
     add_model_source_options,
     add_prompt_options,
+    add_speculation_options,
     emit_generation,
     int_list,
     prompt_from_args,
@@ -194,17 +195,7 @@ def add(sub) -> None:
                      help="stop at the end-of-sequence token (default for real weights)")
     eos.add_argument("--ignore-eos", dest="stop_at_eos", action="store_false",
                      help="never stop at end-of-sequence (default for random weights)")
-    p.add_argument("--speculate", choices=["ngram", "assistant"], default=None,
-                   help="speculative decoding: ngram drafts by prompt lookup (the continuation of an earlier occurrence "
-                        "of the text's last tokens), assistant by a Gemma-4 drafter (--draft) reading the port's own "
-                        "KV store; every draft checked by one verify step of the target; greedy output is unchanged "
-                        "(cpu backend, eager graphs, tp 1 for assistant)")
-    p.add_argument("--draft", default=None, metavar="DIR",
-                   help="--speculate assistant: the drafter's directory (gemma4_assistant for E2B/E4B, "
-                        "gemma4_unified_assistant for the 12B, as transformers saves it); with --tiny and no --draft, a "
-                        "tiny drafter with random weights")
-    p.add_argument("--draft-tokens", type=int, default=4, metavar="K",
-                   help="--speculate: drafted tokens checked per verify step at most (default 4)")
+    add_speculation_options(p, "cpu backend, eager graphs, tp 1 for assistant")
     p.add_argument("--check", action="store_true", help="compare with Hugging Face generate (greedy) on CPU and run "
                    "the self-checks (host embeddings, attention function, every step's logits)")
     p.add_argument("--logit-tolerance", type=float, default=None,

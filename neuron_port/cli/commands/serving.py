@@ -6,8 +6,16 @@ import argparse
 import functools
 import os
 import sys
+from pathlib import Path
 
-from neuron_port.cli.commands.common import MODEL_HELP, add_dtype_option, add_model_source_options, int_list
+from neuron_port.artifacts.manifest import MANIFEST
+from neuron_port.cli.commands.common import (
+    MODEL_HELP,
+    add_dtype_option,
+    add_model_source_options,
+    add_speculation_options,
+    int_list,
+)
 from neuron_port.cli.quant_flags import add_quant_option
 from neuron_port.errors import MissingExtraError
 
@@ -15,18 +23,22 @@ from neuron_port.errors import MissingExtraError
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         from neuron_port.serve import build_app, load_served, serve
+        from neuron_port.serve.loading import check_speculation
     except ImportError as exc:  # pragma: no cover - the serve extra is missing
         raise MissingExtraError(f"serving needs the 'serve' extra: pip install 'neuron-port[serve]' ({exc})") from None
 
     import torch
 
+    check_speculation(args.speculate, args.draft, args.draft_tokens, args.tiny, args.slim,
+                      Path(args.model, MANIFEST).exists())  # before the server starts: one line
     threads = args.threads or default_threads()
     torch.set_num_threads(threads)  # before the model loads: every graph runs with it
     print(f"neuron-port: {threads} torch thread{'s' if threads > 1 else ''} (--threads)", file=sys.stderr)
     load = functools.partial(load_served, args.model, tiny=args.tiny, seed=args.seed, slim=args.slim,
                              max_batch=args.max_batch, max_queue=args.max_queue, buckets=tuple(args.buckets),
                              kv_lens=tuple(args.kv_lens), batching=args.batching, dtype=args.dtype,
-                             quant=args.quant, model_id=served_name(args))
+                             quant=args.quant, model_id=served_name(args), speculate=args.speculate,
+                             draft_tokens=args.draft_tokens, draft=args.draft)
     try:
         serve(build_app(load, api_key=args.api_key, max_body_bytes=args.max_body_bytes), host=args.host, port=args.port,
               log_level=args.log_level, model_name=getattr(args, "model_as_given", args.model))
@@ -89,6 +101,7 @@ def add(sub) -> None:
                    help="KV lengths of a model built here: the longest is the context (prompt + new tokens)")
     add_dtype_option(p, "of a model's graphs, weights and KV store (an artifact keeps the dtype it was compiled in)")
     add_quant_option(p)
+    add_speculation_options(p, "a model served eagerly: not --slim, not an artifact")
     p.set_defaults(func=_cmd_serve)
 
 
