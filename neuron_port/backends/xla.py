@@ -295,10 +295,11 @@ class XlaBackend:
         self._place_model(graph.model)
         for name, buf in list(graph.named_buffers(recurse=False)):
             setattr(graph, name, buf.to(self.device))
-        name = f"prefill_{graph.seq}" if graph.prefill else f"decode_{graph.spec.kv_len}"
-        if not graph.prefill and graph.rows is not None:  # a decode graph over the store's first rows
+        kind = graph.kind
+        name = f"{kind}_{graph.spec.kv_len if kind == 'decode' else graph.seq}"
+        if kind == "decode" and graph.rows is not None:  # a decode graph over the store's first rows
             name += f"_rows{graph.rows}"
-        elif not graph.prefill:
+        elif kind == "decode":
             self.decode_graphs[name] = (graph.spec, example_inputs[0].shape[0], *self._device_weight_bytes(graph.model))
         return XlaRunner(self, name, graph, len(aliases))
 

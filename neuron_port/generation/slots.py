@@ -297,11 +297,12 @@ class SlotBatch:
     def lookup_drafts(self, draft_tokens: int) -> dict[int, list[int]]:
         """Prompt-lookup drafts of up to ``draft_tokens`` tokens for each active slot
         (:func:`~neuron_port.generation.speculative.ngram_draft` over its prompt and tokens): none for a row still
-        scoring its prompt, and never past the store (the fed token and its drafts must fit)."""
+        scoring its prompt, never past the store (the fed token and its drafts must fit), and (as
+        :meth:`model_drafts`) never more than leaves one token of the row's ``max_new_tokens`` to the target."""
         drafts = {}
         for slot in self.active:
             row = self.rows[slot]
-            room = self.kv_len - 1 - int(self.positions[slot])
+            room = min(self.kv_len - 1 - int(self.positions[slot]), row.params.max_new_tokens - len(row.tokens) - 1)
             if row.forced or room < 1:
                 drafts[slot] = []
                 continue
@@ -314,19 +315,21 @@ class SlotBatch:
         each slot emits tokens from them in order while they equal its draft: sampled as a plain step samples them
         (greedy: the argmax), so with a deterministic draft the output is distributed as without one (speculative
         sampling's rule for a one-hot draft), and greedy output is token for token the same. Without drafts it is
-        a plain :meth:`step`. Eager ports over their own store (``Port.over_model(..., draft_tokens=k)``)."""
+        a plain :meth:`step`. A port built with ``draft_tokens`` k (``PortShape(..., draft_tokens=k)``): eager graphs
+        verify the rows that hold the active slots, compiled ones (xla, cpu TorchScript) every row of their batch."""
         active = self.active
         longest = max((len(drafts.get(slot, ())) for slot in active), default=0)
         if not longest or self.store is None:
             return self.step()
         if self.keep_logits:
             raise ValueError("a batch keeping every step's logits runs plain steps (verify steps keep none yet)")
-        if self.port.batch is not None or self.port.runners.one_store or longest + 1 not in self.port.runners.verify:
-            raise ValueError(f"a verify step of {longest + 1} tokens needs an eager port built with draft_tokens >= "
+        if longest + 1 not in self.port.runners.verify:
+            raise ValueError(f"a verify step of {longest + 1} tokens needs a port built with draft_tokens >= "
                              f"{longest} (verify graphs {sorted(self.port.runners.verify)})")
         with self.mode():
             t0 = time.perf_counter()
-            rows, width = max(active) + 1, longest + 1
+            every_row = self.port.batch is not None or self.port.runners.one_store  # compiled: the whole batch
+            rows, width = self.slots if every_row else max(active) + 1, longest + 1
             fed = torch.full((rows, width), self.pad_id, dtype=torch.long)
             fed[:, 0] = self.tokens[:rows]
             for slot in active:

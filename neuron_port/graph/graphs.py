@@ -166,6 +166,11 @@ class StaticLMGraph(nn.Module):
             self._expanded.append((self.family.attention(layers[index]), name))
 
     @property
+    def kind(self) -> str:
+        """``prefill``, ``decode`` or ``verify``: what a backend names the graph by."""
+        return "prefill" if self.prefill else "decode"
+
+    @property
     def aliases(self) -> dict[int, int]:
         """Input index -> output index of every KV tensor (for a device-resident store)."""
         aliases = kv_aliases(2 * len(self.store.slots))
@@ -264,7 +269,8 @@ class VerifyGraph(StaticLMGraph):
     (:func:`~neuron_port.graph.masks.verify_maps`: the store's rings must hold ``window + tokens - 1`` slots,
     ``kv_store_spec(..., draft_tokens=tokens - 1)``). Returns raw logits ``[batch, tokens, vocab]``: row ``i`` is
     the distribution after the first ``i + 1`` of them. A drafted row that is rejected stays in the store at a
-    position the next step writes again before reading it. Eager (``KVWrite.BLEND``) writes for now."""
+    position the next step writes again before reading it. Its rows are written as its backend's decode writes
+    them (``kv_write``: a blend eagerly, a scatter of the rows where the store stays on the device)."""
 
     def __init__(self, model: nn.Module, spec: KVStoreSpec, tokens: int,
                  kv_expand: Mapping[int, torch.Tensor] | None = None):
@@ -272,14 +278,15 @@ class VerifyGraph(StaticLMGraph):
 
     def _maps(self, position_ids: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype,
               slot_ids: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
-        if self.kv_write is not KVWrite.BLEND:
-            raise ValueError(f"a verify step writes its rows by one-hot blend for now: expected kv_write "
-                             f"{KVWrite.BLEND.value!r}, found {self.kv_write.value!r}")
         if position_ids.shape[1] != self.seq:
             raise ValueError(f"a verify graph of {self.seq} tokens, found position ids {tuple(position_ids.shape)}")
         spec = self.spec
         m_full, m_slide, w_full, w_slide = masks.verify_maps(position_ids, spec.kv_len, spec.window, spec.ring, dtype)
         return {"full": m_full, "sliding": m_slide}, {"full": w_full, "sliding": w_slide}, position_ids
+
+    @property
+    def kind(self) -> str:
+        return "verify"
 
     def _pick(self, hidden: torch.Tensor, pick: torch.Tensor) -> torch.Tensor:
         """hidden [batch, tokens, hidden]: every token's (raw logits [batch, tokens, vocab] come of each)."""
@@ -325,16 +332,13 @@ def build_graphs(model: nn.Module, stores: StoreShapes, kv_expand: Mapping[int, 
 def _graph_set(model: nn.Module, stores: StoreShapes, kv_expand: Mapping[int, torch.Tensor] | None,
                one_store: bool) -> GraphSet:
     k = stores.shape.draft_tokens
-    if one_store and k:
-        raise ValueError("verify graphs write by one-hot blend over their own store: a port over one store "
-                         "(xla) has none yet; build it with draft_tokens=0")
     verify = {s: VerifyGraph(model, stores.largest, s, kv_expand) for s in range(2, k + 2)}
     if one_store:
         prefill = {b: PrefillGraph(model, stores.largest, b, kv_expand) for b in stores.buckets}
         decode = {kv: DecodeGraph(model, stores.specs[kv], kv_expand, store=stores.largest) for kv in stores.kv_lens}
-        for graph in decode.values():
+        for graph in (*decode.values(), *verify.values()):
             graph.kv_write = KVWrite.ROWS  # the one write into a store larger than the step reads
-        return GraphSet(prefill, decode, one_store=True)
+        return GraphSet(prefill, decode, one_store=True, verify=verify)
     prefill = {b: PrefillGraph(model, stores.specs[stores.prefill_kv[b]], b, kv_expand) for b in stores.buckets}
     decode = {kv: DecodeGraph(model, stores.specs[kv], kv_expand) for kv in stores.kv_lens}
     return GraphSet(prefill, decode, verify=verify)

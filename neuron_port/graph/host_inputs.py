@@ -74,15 +74,22 @@ class HostInputs:
 
     def example_step(self, kind: str, size: int, batch: int = 1) -> StepInputs:
         """Step inputs of the right shapes for tracing the ``kind`` (``prefill``: a full prompt of bucket ``size``;
-        ``decode``: one token at KV length ``size``) graph over ``batch`` rows."""
+        ``decode``: one token at KV length ``size``; ``verify``: ``size`` tokens ending at the largest KV length's
+        last position) graph over ``batch`` rows."""
         if kind == "prefill":
             ids = torch.arange(size)[None, :].expand(batch, size) % self.layout.vocab_size
             return self.prefill(ids.contiguous(), torch.full((batch,), size), size)
+        if kind == "verify":
+            return self.verify(torch.full((batch, size), 3), torch.full((batch,), self.stores.kv_len - size))
         return self.decode_fresh(torch.full((batch,), 3), torch.full((batch,), size - 1))
 
     def example_prefill(self, bucket: int, batch: int = 1) -> tuple[StepInputs, KVStore]:
         """Inputs of the right shapes (a full-bucket prompt) for tracing a prefill graph, and its store."""
         return self.example_step("prefill", bucket, batch), self.new_store(batch, self.stores.prefill_kv[bucket])
+
+    def example_verify(self, tokens: int, batch: int = 1) -> tuple[StepInputs, KVStore]:
+        """Inputs of the right shapes for tracing a verify graph of ``tokens`` tokens, and its store (the largest)."""
+        return self.example_step("verify", tokens, batch), self.new_store(batch, self.stores.kv_len)
 
     def example_decode(self, kv_len: int, batch: int = 1) -> tuple[StepInputs, KVStore]:
         """Inputs of the right shapes for tracing a decode graph, and its store."""

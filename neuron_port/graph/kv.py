@@ -266,35 +266,45 @@ def prefill_write(buf: torch.Tensor, new: torch.Tensor, positions: torch.Tensor,
 
 
 def row_write(buf: torch.Tensor, new: torch.Tensor, onehot: torch.Tensor) -> torch.Tensor:
-    """Decode write of the new rows only: ``buf`` with ``new[b, :, 0]`` at row ``b``'s selected slot.
+    """Decode (and verify) write of the new rows only: ``buf`` with ``new[b, :, s]`` at row ``b``'s slot of step ``s``.
 
-    buf: [batch, heads, slots, head_dim]; new: [batch, heads, 1, head_dim]; onehot: [batch, 1, slots]
-    with at most one 1 per row. Returns a new tensor equal to :func:`onehot_write`'s: a row that
-    selects no slot writes back what its slot 0 held. The slot is found on the device (argmax of
-    the map) and written by ``scatter`` along the sequence, the decode write NxD Inference uses
-    (its ``kv_cache_manager``); a backend that aliases the store updates those rows where they lie,
-    so a step moves its new rows instead of reading and rewriting the whole store.
+    buf: [batch, heads, slots, head_dim]; new: [batch, heads, steps, head_dim]; onehot: [batch, steps, slots]
+    with at most one 1 per step, no slot chosen by two steps. Returns a new tensor equal to :func:`onehot_write`'s:
+    a step that selects no slot writes back what its row's slot 0 holds. Each step's slot is found on the device
+    (argmax of its map) and written by ``scatter`` along the sequence, one step after another, the decode write
+    NxD Inference uses (its ``kv_cache_manager``); a backend that aliases the store updates those rows where they
+    lie, so a step moves its new rows instead of reading and rewriting the whole store.
     """
     b, h, _, d = buf.shape
-    picked = onehot[:, 0, :]  # [batch, slots]
-    index = picked.argmax(dim=-1).view(b, 1, 1, 1).expand(b, h, 1, d)
-    hit = (picked.amax(dim=-1) > 0).view(b, 1, 1, 1)
-    row = torch.where(hit, new.to(buf.dtype), buf.gather(2, index))  # [batch, heads, 1, head_dim]
-    return buf.scatter(2, index, row)
+    for step in range(new.shape[2]):
+        picked = onehot[:, step, :]  # [batch, slots]
+        index = picked.argmax(dim=-1).view(b, 1, 1, 1).expand(b, h, 1, d)
+        hit = (picked.amax(dim=-1) > 0).view(b, 1, 1, 1)
+        row = torch.where(hit, new[:, :, step: step + 1].to(buf.dtype), buf.gather(2, index))  # [batch, heads, 1, d]
+        buf = buf.scatter(2, index, row)
+    return buf
 
 
 def scatter_write_(buf: torch.Tensor, new: torch.Tensor, onehot: torch.Tensor) -> torch.Tensor:
-    """Decode write done in place: ``buf[b, :, slot_b] = new[b, :, 0]`` for each row's one slot.
+    """Decode (and verify) write done in place: ``buf[b, :, slot] = new[b, :, s]`` at each step's slot.
 
-    buf: [batch, heads, slots, head_dim]; new: [batch, heads, 1, head_dim]; onehot: [batch, 1,
-    slots] with exactly one 1 per row (a decode step always writes its position). Returns
-    ``buf`` itself. Only for backends that allow data-dependent in-place writes (the CPU
-    backend): the buffer is not copied every step. Neuron graphs use :func:`row_write` in decode
-    (out of place, the store aliased by the graph; ``neuron-port lint`` flags any other scatter).
+    buf: [batch, heads, slots, head_dim]; new: [batch, heads, steps, head_dim]; onehot: [batch, steps, slots].
+    A decode step (one step) always writes its position: exactly one 1 per row. A verify step's steps may select
+    no slot (past the store), and write back what the row's slot 0 holds, one step after another. Returns ``buf``
+    itself. Only for backends that allow data-dependent in-place writes (the CPU backend): the buffer is not copied
+    every step. Neuron graphs use :func:`row_write` (out of place, the store aliased by the graph; ``neuron-port
+    lint`` flags any other scatter).
     """
     b, h, _, d = buf.shape
-    slot = onehot[:, 0, :].argmax(dim=-1)  # [batch]
-    return buf.scatter_(2, slot.view(b, 1, 1, 1).expand(b, h, 1, d), new.to(buf.dtype))
+    if new.shape[2] == 1:
+        slot = onehot[:, 0, :].argmax(dim=-1)  # [batch]
+        return buf.scatter_(2, slot.view(b, 1, 1, 1).expand(b, h, 1, d), new.to(buf.dtype))
+    for step in range(new.shape[2]):
+        picked = onehot[:, step, :]
+        index = picked.argmax(dim=-1).view(b, 1, 1, 1).expand(b, h, 1, d)
+        hit = (picked.amax(dim=-1) > 0).view(b, 1, 1, 1)
+        buf.scatter_(2, index, torch.where(hit, new[:, :, step: step + 1].to(buf.dtype), buf.gather(2, index)))
+    return buf
 
 
 class KVWrite(str, Enum):

@@ -109,6 +109,8 @@ class Port:
         a decode graph of fewer rows takes the whole store)."""
         if self.graphs is not None and self.graphs.one_store:
             return self.inputs.example_step(kind, size, batch), self.inputs.new_store(store_rows or batch, self.stores.kv_len)
+        if kind == "verify":
+            return self.inputs.example_verify(size, batch)
         return self.inputs.example_prefill(size, batch) if kind == "prefill" else self.inputs.example_decode(size, batch)
 
     def check_batch(self, rows: int) -> None:

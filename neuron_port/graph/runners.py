@@ -46,7 +46,8 @@ class Runners:
     every runner takes and returns the one store at the largest KV length, all of its rows (graphs built with
     ``one_store``: :func:`~neuron_port.graph.graphs.build_graphs`; a decode runner over fewer rows reads and writes
     the first of them), so nothing is viewed or copied between lengths or row counts. ``verify``: verify runners
-    by token count, over the store at the largest KV length (speculative decoding; eager graphs only for now).
+    by token count, over the store at the largest KV length (speculative decoding; compiled ones for the whole
+    batch, not yet saved in an artifact).
     """
 
     prefill: dict[int, Runnable]
@@ -92,24 +93,23 @@ def compile_graphs(graphs: GraphSet, backend: GraphCompiler, examples: Examples,
         raise NeuronPortError(f"{type(backend).__name__} compiles no graph in process (it is no GraphCompiler): "
                               "ModelBuilder's backends (neuron, nxd) build whole artifacts, with "
                               "'neuron-port compile MODEL --backend nxd --out DIR'")
-    if graphs.verify:
-        raise NeuronPortError("verify graphs (speculative decoding) run eagerly for now: build the port with "
-                              "draft_tokens=0 to compile it")
     kv_write, leading, static = KVWrite(backend.kv_write), backend.leading_update, backend.fixed_batch
     extra = list(decode_rows_for(batch, decode_rows)) if static else []
     jobs = [("prefill", b, g, batch) for b, g in graphs.prefill.items()]
     # over one store, a graph of fewer rows reads and writes that store's first rows (it takes the whole store)
     jobs += [("decode", kv, g.over_rows(r) if graphs.one_store and r != batch else g, r)
              for r in [batch, *extra] for kv, g in graphs.decode.items()]
-    out: dict[tuple[str, int], dict[int, Runnable]] = {}
+    jobs += [("verify", s, g, batch) for s, g in graphs.verify.items()]  # speculative decoding: the whole batch
+    out: dict[tuple[str, int], dict[int, Runnable]] = {("verify", batch): {}}
     for kind, size, graph, n in progress(jobs, desc=desc, unit="graph"):
-        graph.kv_write = kv_write if kind == "decode" else KVWrite.BLEND
+        graph.kv_write = kv_write if kind != "prefill" else KVWrite.BLEND
         graph.leading_update = leading if kind == "prefill" else None
         inputs, store = examples(kind, size, n, batch)
         out.setdefault((kind, n), {})[size] = backend.compile(graph, [*inputs, *store.tensors()], graph.aliases)
     return Runners(out[("prefill", batch)], out[("decode", batch)], batch if static else None, kv_write, compiled=True,
                    inference_mode=backend.inference_mode,
-                   decode_rows={r: out[("decode", r)] for r in extra}, one_store=graphs.one_store)
+                   decode_rows={r: out[("decode", r)] for r in extra}, one_store=graphs.one_store,
+                   verify=out[("verify", batch)])
 
 
 def runner_file(kind: str, size: int, rows: int | None = None) -> str:
@@ -123,7 +123,11 @@ def save_runners(runners: Runners, backend: GraphSaver, rank_dir: Path,
     """Save every compiled runner into ``rank_dir``; returns the files written.
 
     The backend writes the rank's weights once for all its graphs; ``named_tensors`` ({name: tensor}, the
-    rank's state and ``host:`` tables) names them."""
+    rank's state and ``host:`` tables) names them. Verify graphs (speculative decoding) are refused: an artifact
+    has no place for them yet."""
+    if runners.verify:
+        raise NeuronPortError("verify graphs are not saved in an artifact yet: compile the port with draft_tokens=0 "
+                              "to save it (speculation runs on ports built in process)")
     rank_dir.mkdir(parents=True, exist_ok=True)
     files = {runner_file(kind, size): runner for kind, table in (("prefill", runners.prefill), ("decode", runners.decode))
              for size, runner in table.items()}

@@ -65,7 +65,7 @@ def test_a_verify_step_needs_a_port_built_for_its_drafts(models):
     _, model = models
     batch = SlotBatch(Port.over_model(model, PortShape([16], [64], draft_tokens=2)), 1)
     batch.admit([(PROMPTS[0], GenerationParams(8), 0)])
-    with pytest.raises(ValueError, match="needs an eager port built with draft_tokens >= 3"):
+    with pytest.raises(ValueError, match="needs a port built with draft_tokens >= 3"):
         batch.verify_step({0: [5, 6, 7]})
     position = int(batch.positions[0])
     (_, event), = batch.verify_step({0: []})  # no draft: a plain decode step
@@ -92,3 +92,17 @@ def test_each_verify_steps_first_event_counts_what_was_drafted_and_kept(models):
             assert all(event.drafted == event.accepted == 0 for event in events[1:])
             drafted, accepted = drafted + len(drafts[slot]), accepted + kept
     assert (batch.drafted, batch.accepted) == (drafted, accepted) and accepted > 0
+
+
+def test_compiled_verify_graphs_give_hugging_faces_tokens(models):
+    """The verify graphs traced by the cpu backend (TorchScript, rows written in place) for the batch's every row:
+    the same greedy tokens, drafts kept."""
+    from neuron_port.backends import get_backend
+
+    reference, model = models
+    port = Port.over_model(model, PortShape([16], [64], draft_tokens=4))
+    port.compile(get_backend("cpu"), batch=len(PROMPTS))
+    assert sorted(port.runners.verify) == [2, 3, 4, 5] and port.batch == len(PROMPTS)
+    got, batch = _speculate(port, 4)
+    assert got == [reference_generate(reference, p, n).tokens for p, n in zip(PROMPTS, NEW, strict=True)]
+    assert batch.accepted > 0

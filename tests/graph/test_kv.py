@@ -72,6 +72,27 @@ def test_the_row_write_equals_the_onehot_blend(batch, heads, slots, data):
     assert torch.equal(out, onehot_write(buf, new, onehot)) and torch.equal(buf, before)  # a new tensor
 
 
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(2, 12), st.integers(2, 5), st.data())
+def test_a_verify_steps_row_writes_equal_the_onehot_blend(batch, heads, slots, steps, data):
+    """A verify step's rows (steps >= 2), each at its own slot or (past the store) at none: the row write and the
+    in-place write give the blend's store, the row write a new tensor."""
+    steps = min(steps, slots)
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 999)))
+    buf = torch.randn(batch, heads, slots, 4, generator=g, dtype=torch.float64)
+    new = torch.randn(batch, heads, steps, 4, generator=g, dtype=torch.float64)
+    onehot = torch.zeros(batch, steps, slots, dtype=torch.float64)
+    for b in range(batch):
+        targets = data.draw(st.lists(st.integers(0, slots - 1), min_size=steps, max_size=steps, unique=True))
+        written = data.draw(st.integers(1, steps))  # the steps past the store select no slot
+        for t, s in enumerate(targets[:written]):
+            onehot[b, t, s] = 1
+    expected, before = onehot_write(buf, new, onehot), buf.clone()
+    assert torch.equal(row_write(buf, new, onehot), expected) and torch.equal(buf, before)
+    out = scatter_write_(buf, new, onehot)
+    assert out is buf and torch.equal(out, expected)
+
+
 def test_each_kv_write_kind_names_its_write_and_only_those_kinds_exist():
     assert [kind.write for kind in KVWrite] == [onehot_write, scatter_write_, row_write]
     assert KVWrite("rows") is KVWrite.ROWS and KVWrite.IN_PLACE == "in_place"  # the manifest's spelling

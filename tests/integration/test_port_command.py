@@ -76,7 +76,8 @@ def test_port_speculates_on_all_three_sizes_and_keeps_hugging_faces_tokens():
 
 def test_what_speculation_cannot_do_yet_is_said_before_any_model_is_built():
     for extra, said in ((["--check"], "verify steps do not keep"), (["--draft-tokens", "0"], "1 or more"),
-                        (["--backend", "xla"], "cpu backend")):
+                        (["--backend", "neuron"], "cpu backend or through torch-xla"),
+                        (["--backend", "xla", "--speculate", "assistant"], "ngram only: the drafter runs eagerly")):
         res = run_cli("port", "gemma-4-e2b", "--tiny", "--speculate", "ngram", *extra, "--json")
         assert res.returncode != 0 and said in res.stderr and res.stdout == "", res.stderr
 

@@ -112,9 +112,10 @@ def _refuse_speculation(args: argparse.Namespace) -> None:
                               "--tiny)")
     if args.speculate == "assistant" and args.tp != 1:
         raise NeuronPortError(f"--speculate assistant reads the whole KV store of one port: --tp 1, found --tp {args.tp}")
-    if args.backend != "cpu":
-        raise NeuronPortError(f"--speculate runs the verify graphs eagerly on the cpu backend; found --backend "
-                              f"{args.backend}: drop --speculate or use --backend cpu")
+    if args.backend not in ("cpu", "xla") or (args.backend == "xla" and args.speculate == "assistant"):
+        raise NeuronPortError(f"--speculate runs its verify graphs on the cpu backend or through torch-xla (ngram only: "
+                              f"the drafter runs eagerly); found --backend {args.backend} with --speculate "
+                              f"{args.speculate}: drop --speculate or use --backend cpu")
     if args.check:
         raise NeuronPortError("--check compares every step's logits, which verify steps do not keep yet: check the "
                               "port without --speculate, then compare the texts (speculation keeps greedy output)")
@@ -195,7 +196,7 @@ def add(sub) -> None:
                      help="stop at the end-of-sequence token (default for real weights)")
     eos.add_argument("--ignore-eos", dest="stop_at_eos", action="store_false",
                      help="never stop at end-of-sequence (default for random weights)")
-    add_speculation_options(p, "cpu backend, eager graphs, tp 1 for assistant")
+    add_speculation_options(p, "cpu backend, or xla for ngram; tp 1 for assistant")
     p.add_argument("--check", action="store_true", help="compare with Hugging Face generate (greedy) on CPU and run "
                    "the self-checks (host embeddings, attention function, every step's logits)")
     p.add_argument("--logit-tolerance", type=float, default=None,
