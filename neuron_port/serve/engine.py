@@ -243,9 +243,8 @@ def _check_speculation(port, draft_tokens: int, drafter: ModelDrafter | None, lo
         raise ValueError("a drafter drafts draft_tokens per verify step: set draft_tokens >= 1")
     if not draft_tokens:
         return
-    if lockstep is not None or port.batch is not None or port.runners.one_store:
-        raise ValueError("speculative decoding runs verify graphs eagerly over a model's own port: not on compiled "
-                         "graphs, an artifact or one aliased store (serve the model without --slim)")
+    if lockstep is not None:
+        raise ValueError("speculative decoding needs verify graphs, which a tensor-parallel artifact does not hold")
     if draft_tokens + 1 not in port.runners.verify:
         raise ValueError(f"{draft_tokens} drafts per step need a port built with draft_tokens >= {draft_tokens} "
                          f"(verify graphs {sorted(port.runners.verify) or 'none'})")

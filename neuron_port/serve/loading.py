@@ -7,9 +7,10 @@ artifact is verified and its rank loads the compiled graphs and the host embeddi
 tp > 1 artifact's other ranks run in processes of their own, stepping with the engine
 (:mod:`neuron_port.serve.lockstep`).
 
-Speculative decoding (``speculate``: ``ngram`` or ``assistant``) runs on a model served eagerly: its port gets verify
-graphs for ``draft_tokens`` drafts and, for ``assistant``, returns its hidden states to a Gemma-4 drafter
-(``draft``: its directory; a tiny random one for a ``tiny`` model) reading the port's store.
+Speculative decoding (``speculate``: ``ngram`` or ``assistant``) runs on a model built here: its port gets verify
+graphs for ``draft_tokens`` drafts (compiled with the rest when ``slim``) and, for ``assistant`` (eager graphs only),
+returns its hidden states to a Gemma-4 drafter (``draft``: its directory; a tiny random one for a ``tiny`` model)
+reading the port's store.
 """
 
 from __future__ import annotations
@@ -109,9 +110,12 @@ def check_speculation(speculate: str | None, draft: str | None, draft_tokens: in
     if speculate == "assistant" and draft is None and not tiny:
         raise NeuronPortError("--speculate assistant needs the drafter's directory: --draft DIR (a random one only "
                               "with --tiny)")
-    if slim or artifact:
-        raise NeuronPortError(f"--speculate runs verify graphs eagerly over the model's own port; found "
-                              f"{'--slim' if slim else 'an artifact'}: serve the model directory without --slim")
+    if artifact:
+        raise NeuronPortError("--speculate needs verify graphs, which an artifact does not hold yet: serve the model "
+                              "directory (with --slim, its graphs compiled here)")
+    if slim and speculate == "assistant":
+        raise NeuronPortError("--speculate assistant runs the drafter over eager graphs: serve without --slim "
+                              "(or --speculate ngram with --slim)")
 
 
 def _served_tokenizer(opened: OpenedModel) -> Any:
@@ -135,7 +139,7 @@ def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = Fal
     (``fp32`` or ``bf16``) is a model's graphs, weights and KV store, ``quant`` (``none``, ``int8`` or
     ``int8+head``: :data:`~neuron_port.model.quant.QUANT_SCHEMES`) its weights; an artifact keeps its own.
     ``model_id``: the name clients give in ``model`` (default: the directory's name, or the shipped name).
-    ``speculate`` (``ngram`` or ``assistant``, a model served eagerly): every step verifies up to ``draft_tokens``
+    ``speculate`` (``ngram``, or ``assistant`` without ``slim``; not an artifact): every step verifies up to ``draft_tokens``
     drafts per slot, by prompt lookup or by the Gemma-4 drafter in ``draft`` (a tiny random one for ``tiny``).
     """
     if batching not in ADMISSIONS:

@@ -48,12 +48,12 @@ def test_every_benchmark_has_a_smoke_test_and_a_readme_entry():
     readme = (ROOT / "benchmarks" / "README.md").read_text()
     for script in SCRIPTS:
         assert script in readme, f"benchmarks/README.md does not describe {script}"
-    # xla_lowering.py and decode_cost.py need torch-xla: their smoke tests are in tests/xla/test_xla_port.py
-    # (the xla virtualenv)
+    # xla_lowering.py, decode_cost.py and verify_cost.py need torch-xla: their smoke tests are in tests/xla/ (the
+    # xla virtualenv)
     tested = {"host_overhead.py", "decode_vs_hf.py", "kv_memory.py", "slim_rss.py", "host_step.py", "cpu_backend.py",
               "xla_lowering.py", "decode_cost.py", "serve_bench.py", "bf16_accuracy.py", "weights_once.py", "nxd_build_memory.py",
               "lm_eval_parity.py", "int8_accuracy.py", "shard_vs_plan.py", "call_path.py",
-              "speculative_lookup.py"}
+              "speculative_lookup.py", "verify_cost.py"}
     assert set(SCRIPTS) <= tested, f"no smoke test for {set(SCRIPTS) - tested}"
 
 

@@ -1,7 +1,7 @@
 """Speculative decoding in the server (in process, FastAPI's test client): with prompt lookup on the real SmolLM2 and
 with a Gemma-4 drafter on the tiny E2B, greedy completions are Hugging Face's greedy tokens, and ``/metrics`` counts
-exactly what the offline path (``generate`` with the same drafts) drafted and kept; what cannot speculate is refused
-in one line before anything loads."""
+exactly what the offline path (``generate`` with the same drafts) drafted and kept; a slim server speculates on its
+compiled verify graphs; what cannot speculate is refused in one line before anything loads."""
 
 from __future__ import annotations
 
@@ -123,8 +123,36 @@ def test_a_gemma4_drafter_in_the_server_keeps_greedy_tokens_and_counts_its_draft
     assert _metric(metrics, "vllm:spec_decode_num_accepted_tokens_total") == accepted
 
 
+def test_a_slim_server_speculates_on_its_compiled_verify_graphs():
+    """``serve --slim --speculate ngram``: the verify graphs compiled with the rest (cpu TorchScript, every slot's row),
+    the model dropped; greedy completions are Hugging Face's tokens, drafts kept."""
+    from neuron_port.checks.oracle import reference_generate
+    from neuron_port.model.loading import model_from_name
+
+    served = []
+
+    def load():
+        served.append(load_served("gemma-4-e2b", tiny=True, slim=True, max_batch=2, buckets=(16,), kv_lens=(64,),
+                                  speculate="ngram", draft_tokens=3))
+        return served[0]
+
+    client = _serve(load)
+    prompts = [[2, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [2, 30, 31, 32, 30, 31, 32, 30]]
+    try:
+        port = served[0].engine.batch.port
+        assert port.graphs is None and sorted(port.runners.verify) == [2, 3, 4]
+        got = _complete(client, "gemma-4-e2b", prompts, 16)
+        metrics = client.get("/metrics").text
+    finally:
+        for s in served:
+            s.engine.close()
+    model = model_from_name("gemma-4-e2b", tiny=True)
+    assert got == [reference_generate(model, prompt, 16).tokens for prompt in prompts]
+    assert _metric(metrics, "vllm:spec_decode_num_accepted_tokens_total") > 0
+
+
 @pytest.mark.parametrize("args, says", [
-    (["--slim", "--speculate", "ngram"], "found --slim: serve the model directory without --slim"),
+    (["--slim", "--speculate", "assistant"], "--speculate assistant runs the drafter over eager graphs"),
     (["--draft", "d", "--speculate", "ngram"], "--draft names the drafter of --speculate assistant"),
     (["--speculate", "ngram", "--draft-tokens", "0"], "--draft-tokens is 1 or more with --speculate, found 0"),
 ])
@@ -134,5 +162,5 @@ def test_serve_refuses_what_cannot_speculate_in_one_line(args, says):
 
 
 def test_an_artifact_cannot_speculate(tiny_e2b_artifact):
-    with pytest.raises(NeuronPortError, match="found an artifact"):
+    with pytest.raises(NeuronPortError, match="which an artifact does not hold yet"):
         load_served(str(tiny_e2b_artifact), speculate="ngram")

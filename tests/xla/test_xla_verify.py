@@ -58,3 +58,25 @@ def test_port_speculates_through_xla_with_the_tokens_it_gives_without():
     assert drafted["tokens"] == plain["tokens"] and len(plain["tokens"]) == 24
     assert drafted["speculation"]["drafted"] > 0
     assert any(name.startswith("verify_") for name in drafted["xla"]["kv_tensors"])
+
+
+def test_verify_cost_benchmark_smoke():
+    """A verify step of k = 2 drafts moves more than a decode step and far less than the k + 1 decode steps it
+    stands for, and no less than its minimum; a higher acceptance models more tok/s."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "verify_cost.py"), "--smoke", "--json"],
+                          capture_output=True, text=True, timeout=900, env={**os.environ, "PJRT_DEVICE": "CPU"},
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [row] = json.loads(proc.stdout)["results"]
+    assert row["model"] == "gemma-4-e2b" and row["draft_tokens"] == 2 and row["context"] == 4096
+    assert row["decode_bytes"] < row["verify_bytes"] < 3 * row["decode_bytes"]
+    assert row["verify_bytes"] >= row["verify_minimum_bytes"] > 0
+    rates = row["verify_tok_per_s"]
+    assert rates["0.7"] > rates["0.5"] > 0 and row["speedup"]["0.7"] > 1

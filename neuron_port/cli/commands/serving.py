@@ -101,7 +101,7 @@ def add(sub) -> None:
                    help="KV lengths of a model built here: the longest is the context (prompt + new tokens)")
     add_dtype_option(p, "of a model's graphs, weights and KV store (an artifact keeps the dtype it was compiled in)")
     add_quant_option(p)
-    add_speculation_options(p, "a model served eagerly: not --slim, not an artifact")
+    add_speculation_options(p, "a model built here, not an artifact; assistant without --slim")
     p.set_defaults(func=_cmd_serve)
 
 
