@@ -50,10 +50,12 @@ class Manifest:
         return 1 if backend_spec(self.backend).whole_artifact else self.tp
 
     def summary(self) -> dict[str, Any]:
-        """The JSON a command prints about it (its files counted, its dtype spelled as torch does)."""
-        return {"backend": self.backend, "tp": self.tp, "buckets": list(self.shape.buckets),
-                "kv_lens": list(self.shape.kv_lens), "batch": self.batch, "dtype": str(self.dtype),
-                "weights_fingerprint": self.weights_fingerprint, "quant": self.source.quant, "files": len(self.files)}
+        """The JSON a command prints about it (its files counted, its dtype spelled as torch does; ``draft_tokens``
+        where it holds verify graphs)."""
+        out = {"backend": self.backend, "tp": self.tp, "buckets": list(self.shape.buckets),
+               "kv_lens": list(self.shape.kv_lens), "batch": self.batch, "dtype": str(self.dtype),
+               "weights_fingerprint": self.weights_fingerprint, "quant": self.source.quant, "files": len(self.files)}
+        return {**out, "draft_tokens": self.shape.draft_tokens} if self.shape.draft_tokens else out
 
     @classmethod
     def from_json(cls, record: Mapping[str, Any], where: str = "manifest.json") -> Manifest:
@@ -65,7 +67,8 @@ class Manifest:
                 tp=int(record["tp"]),
                 batch=int(record["batch"]),
                 dtype=parse_dtype(record["dtype"]),
-                shape=PortShape(record["buckets"], record["kv_lens"], bool(record.get("ring_buffers", True))),
+                shape=PortShape(record["buckets"], record["kv_lens"], bool(record.get("ring_buffers", True)),
+                                int(record.get("draft_tokens", 0))),
                 source=Source.from_json(record["source"]),
                 model_type=str(record["model_type"]),
                 weights_fingerprint=str(record["weights_fingerprint"]),

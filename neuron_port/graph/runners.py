@@ -47,7 +47,7 @@ class Runners:
     ``one_store``: :func:`~neuron_port.graph.graphs.build_graphs`; a decode runner over fewer rows reads and writes
     the first of them), so nothing is viewed or copied between lengths or row counts. ``verify``: verify runners
     by token count, over the store at the largest KV length (speculative decoding; compiled ones for the whole
-    batch, not yet saved in an artifact).
+    batch, saved in a cpu artifact).
     """
 
     prefill: dict[int, Runnable]
@@ -70,7 +70,8 @@ class Runners:
 
     def facts(self) -> dict[str, Any]:
         """What an artifact's manifest records about them besides its batch."""
-        return {"kv_write": self.kv_write.value, "decode_rows": sorted(self.decode_rows)}
+        facts = {"kv_write": self.kv_write.value, "decode_rows": sorted(self.decode_rows)}
+        return {**facts, "verify": sorted(self.verify)} if self.verify else facts
 
 
 def eager_runners(graphs: GraphSet) -> Runners:
@@ -123,13 +124,11 @@ def save_runners(runners: Runners, backend: GraphSaver, rank_dir: Path,
     """Save every compiled runner into ``rank_dir``; returns the files written.
 
     The backend writes the rank's weights once for all its graphs; ``named_tensors`` ({name: tensor}, the
-    rank's state and ``host:`` tables) names them. Verify graphs (speculative decoding) are refused: an artifact
-    has no place for them yet."""
-    if runners.verify:
-        raise NeuronPortError("verify graphs are not saved in an artifact yet: compile the port with draft_tokens=0 "
-                              "to save it (speculation runs on ports built in process)")
+    rank's state and ``host:`` tables) names them. Verify graphs (speculative decoding) are saved beside the others,
+    sharing the one pool of weights."""
     rank_dir.mkdir(parents=True, exist_ok=True)
-    files = {runner_file(kind, size): runner for kind, table in (("prefill", runners.prefill), ("decode", runners.decode))
+    files = {runner_file(kind, size): runner for kind, table in (("prefill", runners.prefill), ("decode", runners.decode),
+                                                                 ("verify", runners.verify))
              for size, runner in table.items()}
     files.update({runner_file("decode", kv, rows): runner for rows, table in runners.decode_rows.items()
                   for kv, runner in table.items()})
@@ -143,12 +142,15 @@ def load_runners(backend: ArtifactGraphs, rank_dir: Path, buckets: list[int], kv
     decode_rows = [int(r) for r in facts.get("decode_rows", [])]
     files = [runner_file("prefill", b) for b in buckets] + [runner_file("decode", kv) for kv in kv_lens]
     files += [runner_file("decode", kv, rows) for rows in decode_rows for kv in kv_lens]
+    verify_tokens = [int(s) for s in facts.get("verify", [])]
+    files += [runner_file("verify", s) for s in verify_tokens]
     loaded = backend.load_graphs(rank_dir, files, dict(host or {}))
     prefill = {b: loaded[runner_file("prefill", b)] for b in buckets}
     decode = {kv: loaded[runner_file("decode", kv)] for kv in kv_lens}
     by_rows = {rows: {kv: loaded[runner_file("decode", kv, rows)] for kv in kv_lens} for rows in decode_rows}
     return Runners(prefill, decode, int(batch), KVWrite(facts["kv_write"]), compiled=True,
-                   resident_kv=bool(facts.get("resident_kv", False)), decode_rows=by_rows)
+                   resident_kv=bool(facts.get("resident_kv", False)), decode_rows=by_rows,
+                   verify={s: loaded[runner_file("verify", s)] for s in verify_tokens})
 
 
 __all__ = ["Runners", "Examples", "eager_runners", "compile_graphs", "runner_file", "save_runners", "load_runners"]

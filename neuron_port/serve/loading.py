@@ -7,16 +7,17 @@ artifact is verified and its rank loads the compiled graphs and the host embeddi
 tp > 1 artifact's other ranks run in processes of their own, stepping with the engine
 (:mod:`neuron_port.serve.lockstep`).
 
-Speculative decoding (``speculate``: ``ngram`` or ``assistant``) runs on a model built here: its port gets verify
-graphs for ``draft_tokens`` drafts (compiled with the rest when ``slim``) and, for ``assistant`` (eager graphs only),
-returns its hidden states to a Gemma-4 drafter (``draft``: its directory; a tiny random one for a ``tiny`` model)
-reading the port's store.
+Speculative decoding (``speculate``: ``ngram`` or ``assistant``): a model built here gets verify graphs for
+``draft_tokens`` drafts (compiled with the rest when ``slim``) and, for ``assistant`` (eager graphs only), returns
+its hidden states to a Gemma-4 drafter (``draft``: its directory; a tiny random one for a ``tiny`` model) reading
+the port's store; an artifact (tp 1) brings its own verify graphs (``compile --draft-tokens``), for ``ngram``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_port.errors import NeuronPortError
@@ -96,8 +97,9 @@ def _model_port(opened: OpenedModel, seed: int, shape: PortShape, slim: bool, ma
 
 
 def check_speculation(speculate: str | None, draft: str | None, draft_tokens: int, tiny: bool = False,
-                      slim: bool = False, artifact: bool = False) -> None:
-    """Refuse, in one line each, speculation the server cannot run (before anything loads)."""
+                      slim: bool = False, artifact_drafts: int | None = None) -> None:
+    """Refuse, in one line each, speculation the server cannot run (before anything loads). ``artifact_drafts``:
+    serving an artifact, the drafted tokens its verify graphs take (``compile --draft-tokens``); None for a model."""
     if speculate not in (None, *SPECULATION_METHODS):
         raise NeuronPortError(f"speculate must be one of {SPECULATION_METHODS} or None, found {speculate!r}")
     if draft is not None and speculate != "assistant":
@@ -110,9 +112,15 @@ def check_speculation(speculate: str | None, draft: str | None, draft_tokens: in
     if speculate == "assistant" and draft is None and not tiny:
         raise NeuronPortError("--speculate assistant needs the drafter's directory: --draft DIR (a random one only "
                               "with --tiny)")
-    if artifact:
-        raise NeuronPortError("--speculate needs verify graphs, which an artifact does not hold yet: serve the model "
-                              "directory (with --slim, its graphs compiled here)")
+    if artifact_drafts is not None and speculate == "assistant":
+        raise NeuronPortError("--speculate assistant runs the drafter over a model's eager graphs: serve the model "
+                              "directory, or --speculate ngram on an artifact compiled with --draft-tokens")
+    if artifact_drafts is not None and artifact_drafts < draft_tokens:
+        raise NeuronPortError(f"--speculate with --draft-tokens {draft_tokens} needs verify graphs for {draft_tokens} "
+                              f"drafts; the artifact has them for {artifact_drafts}: compile it with --draft-tokens "
+                              f"{draft_tokens}, or pass --draft-tokens {artifact_drafts}" if artifact_drafts else
+                              "--speculate needs verify graphs, which this artifact does not hold: compile it with "
+                              "--draft-tokens K")
     if slim and speculate == "assistant":
         raise NeuronPortError("--speculate assistant runs the drafter over eager graphs: serve without --slim "
                               "(or --speculate ngram with --slim)")
@@ -139,14 +147,14 @@ def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = Fal
     (``fp32`` or ``bf16``) is a model's graphs, weights and KV store, ``quant`` (``none``, ``int8`` or
     ``int8+head``: :data:`~neuron_port.model.quant.QUANT_SCHEMES`) its weights; an artifact keeps its own.
     ``model_id``: the name clients give in ``model`` (default: the directory's name, or the shipped name).
-    ``speculate`` (``ngram``, or ``assistant`` without ``slim``; not an artifact): every step verifies up to ``draft_tokens``
+    ``speculate`` (``ngram``, or ``assistant`` on a model without ``slim``): every step verifies up to ``draft_tokens``
     drafts per slot, by prompt lookup or by the Gemma-4 drafter in ``draft`` (a tiny random one for ``tiny``).
     """
     if batching not in ADMISSIONS:
         raise ValueError(f"batching must be one of {ADMISSIONS}, found {batching!r}")
     check_speculation(speculate, draft, draft_tokens, tiny, slim)
     opened = OpenedModel.open(target, tiny=tiny)
-    check_speculation(speculate, draft, draft_tokens, tiny, slim, opened.artifact)
+    check_speculation(speculate, draft, draft_tokens, tiny, slim, artifact_drafts(target) if opened.artifact else None)
     k = draft_tokens if speculate else 0
     lockstep, drafter = None, None
     if opened.artifact:
@@ -165,6 +173,13 @@ def load_served(target: str, tiny: bool = False, seed: int = 0, slim: bool = Fal
                   port.kv_len, opened.special.bos, speculation)
 
 
+def artifact_drafts(directory: str | Path) -> int:
+    """The drafted tokens an artifact's verify graphs take (0: it has none), read from its manifest."""
+    from neuron_port.artifacts.manifest import read_manifest
+
+    return int(read_manifest(directory).get("draft_tokens", 0))
+
+
 def _drafter_model(speculate: str | None, draft: str | None, opened: OpenedModel, seed: int) -> Any:
     """The Gemma-4 drafter of ``speculate="assistant"``: loaded from ``draft`` and checked against the target's
     config, or a tiny random one; None for any other speculation."""
@@ -175,4 +190,4 @@ def _drafter_model(speculate: str | None, draft: str | None, opened: OpenedModel
     return load_drafter(draft, opened.config) if draft is not None else build_drafter(opened.config, seed=seed + 1)
 
 
-__all__ = ["Served", "load_served", "check_speculation", "SPECULATION_METHODS"]
+__all__ = ["Served", "load_served", "check_speculation", "artifact_drafts", "SPECULATION_METHODS"]

@@ -99,9 +99,8 @@ def test_a_port_built_for_drafts_verifies_over_its_store(tiny_e2b):
     assert float((got - want).abs().max() / want.abs().max()) < TOL
 
 
-def test_verify_graphs_over_one_store_write_rows_and_compiled_ones_are_not_saved_yet(tiny_e2b, tmp_path):
+def test_verify_graphs_over_one_store_write_rows_and_compiled_ones_are_saved_with_the_rest(tiny_e2b, tmp_path):
     from neuron_port.backends import get_backend
-    from neuron_port.errors import NeuronPortError
     from neuron_port.graph.port import Port
     from neuron_port.graph.runners import save_runners
     from neuron_port.graph.shapes import PortShape
@@ -112,7 +111,6 @@ def test_verify_graphs_over_one_store_write_rows_and_compiled_ones_are_not_saved
     port = Port.over_model(tiny_e2b, PortShape([16], [64], draft_tokens=2))
     backend = get_backend("cpu")
     port.compile(backend)
-    assert sorted(port.runners.verify) == [2, 3]
-    with pytest.raises(NeuronPortError, match="verify graphs are not saved in an artifact yet"):
-        save_runners(port.runners, backend, tmp_path / "rank0")
-    assert not (tmp_path / "rank0").exists()
+    assert sorted(port.runners.verify) == [2, 3] and port.runners.facts()["verify"] == [2, 3]
+    save_runners(port.runners, backend, tmp_path / "rank0")
+    assert {p.name for p in (tmp_path / "rank0").glob("verify_*.pt")} == {"verify_2.pt", "verify_3.pt"}

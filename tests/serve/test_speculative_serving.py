@@ -161,6 +161,8 @@ def test_serve_refuses_what_cannot_speculate_in_one_line(args, says):
     assert result.returncode == 2 and says in result.stderr
 
 
-def test_an_artifact_cannot_speculate(tiny_e2b_artifact):
-    with pytest.raises(NeuronPortError, match="which an artifact does not hold yet"):
+def test_an_artifact_without_verify_graphs_cannot_speculate(tiny_e2b_artifact):
+    with pytest.raises(NeuronPortError, match="which this artifact does not hold: compile it with --draft-tokens K"):
         load_served(str(tiny_e2b_artifact), speculate="ngram")
+    with pytest.raises(NeuronPortError, match="runs the drafter over a model's eager graphs"):
+        load_served(str(tiny_e2b_artifact), speculate="assistant", draft="d")

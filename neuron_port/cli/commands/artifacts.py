@@ -15,6 +15,7 @@ from neuron_port.cli.commands.common import (
     int_list,
     print_json,
     prompt_from_args,
+    speculation_report,
     text_stream,
 )
 from neuron_port.cli.quant_flags import add_quant_option
@@ -29,6 +30,11 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     from neuron_port.parallel.ranks import RankSetup
 
     check_backend_tp(args.backend, args.tp)
+    if args.draft_tokens and args.backend != "cpu":
+        from neuron_port.errors import NeuronPortError
+
+        raise NeuronPortError(f"--draft-tokens: verify graphs are saved in cpu artifacts for now, found --backend "
+                              f"{args.backend}")
     require_backend(args.backend)  # before any model is built: one line naming the Neuron packages
     model, source = load_source(args.model, tiny=args.tiny, seed=args.seed, dtype=parse_dtype(args.dtype), quant=args.quant)
     setup = RankSetup.for_layout(describe(model), args.tp)
@@ -37,8 +43,9 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         print(f"warning: {tok_dir} has no tokenizer.json: the artifact will generate from token ids only; serve, "
               "--prompt and doctor need one (for a random-weight test directory, "
               "neuron_port.model.localdir.write_tokenizer(DIR, vocab_size) writes a demo tokenizer)", file=sys.stderr)
-    manifest = write_artifact(args.out, model, source, setup, PortShape(args.buckets, args.kv_lens), args.backend,
-                              args.batch, tok_dir)
+    manifest = write_artifact(args.out, model, source, setup, PortShape(args.buckets, args.kv_lens,
+                                                                        draft_tokens=args.draft_tokens),
+                              args.backend, args.batch, tok_dir)
     summary = {**manifest.summary(), "out": str(Path(args.out).resolve())}
     if backend_spec(args.backend).whole_artifact:
         summary.update(_device_bytes(Path(args.out), model, setup, max(args.kv_lens), args.batch))
@@ -49,6 +56,24 @@ def _cmd_compile(args: argparse.Namespace) -> int:
               f"prompts up to {max(summary['buckets'])} tokens (buckets {summary['buckets']}, --buckets), context "
               f"{max(summary['kv_lens'])} tokens (KV lengths {summary['kv_lens']}, --kv-lens)")
     return 0
+
+
+def _draft_tokens(args: argparse.Namespace, manifest) -> int:
+    """Drafted tokens per verify step for ``generate --speculate``: ``--draft-tokens``, or all the artifact's verify
+    graphs take; 0 without ``--speculate``. What the artifact cannot do is refused in one line."""
+    from neuron_port.errors import ArtifactError
+
+    compiled = manifest.shape.draft_tokens
+    if not args.speculate:
+        return 0
+    if args.check:
+        raise ArtifactError("--check compares every step's logits, which verify steps do not keep yet: check the "
+                            "artifact without --speculate (speculation keeps greedy output)")
+    wanted = compiled if args.draft_tokens is None else args.draft_tokens
+    if not 1 <= wanted <= compiled:
+        raise ArtifactError(f"--speculate needs verify graphs for up to {wanted or 1} drafts; the artifact {args.dir} "
+                            f"has them for {compiled}: compile it with --draft-tokens K")
+    return wanted
 
 
 def _device_bytes(out: Path, model, setup, kv_len: int, batch: int) -> dict:
@@ -93,7 +118,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     prompt = prompt_from_args(args, opened)
     texts = args.prompt is not None or args.chat is not None
     stop_ids = opened.stop_ids(args.chat is not None, eos_means_end=texts, stop_at_eos=args.stop_at_eos)
-    request = GenerationRequest.greedy([prompt], args.max_new_tokens, stop_ids, keep_logits=args.check)
+    draft_tokens = _draft_tokens(args, manifest)
+    request = GenerationRequest.greedy([prompt], args.max_new_tokens, stop_ids, keep_logits=args.check,
+                                       draft_tokens=draft_tokens)
     stream = text_stream(args, opened)  # the answer as it comes, for a person reading a text prompt's
     result = generate(args.dir, request, manifest=manifest, tokenizer=stream.tokenizer if stream else None, on_token=stream)
     if args.check:
@@ -103,6 +130,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     else:
         checked = CheckedRun(run=artifact_run_report(args.dir, manifest, prompt, result))
     checked.run["dtype"] = str(manifest.dtype)
+    if draft_tokens:
+        checked.run["speculation"] = speculation_report(args.speculate, draft_tokens, result)
     if texts:
         checked.run["text"] = opened.decode(result.tokens[0], stop_ids)
     return emit_generation(checked, args, stream)
@@ -125,6 +154,9 @@ def add(sub) -> None:
     p.add_argument("--kv-lens", type=int_list, default=[256], help="KV lengths, e.g. 512,4096: the longest is the "
                    "context (prompt + new tokens); a decode runs on the shortest that holds it")
     p.add_argument("--batch", type=int, default=1, help="batch size the graphs are compiled for")
+    p.add_argument("--draft-tokens", type=int, default=0, metavar="K",
+                   help="speculative decoding: also compile verify graphs for up to K drafted tokens per step (cpu "
+                        "backend; generate --speculate uses them; default 0: none)")
     add_dtype_option(p, "of the graphs, weights, host embeddings and KV store")
     add_quant_option(p)
     p.add_argument("--json", action="store_true", help="print JSON (for scripts) instead of lines for people")
@@ -148,6 +180,12 @@ def add(sub) -> None:
                    "self-checks an artifact allows (host embedding files, every step's logits)")
     p.add_argument("--allow-version-mismatch", action="store_true",
                    help="run even if the installed torch / Neuron versions differ from the artifact's")
+    p.add_argument("--speculate", choices=["ngram"], default=None,
+                   help="speculative decoding by prompt lookup on the artifact's verify graphs (compile --draft-tokens); "
+                        "greedy output is unchanged")
+    p.add_argument("--draft-tokens", type=int, default=None, metavar="K",
+                   help="--speculate: drafted tokens checked per verify step at most (default: all the artifact's "
+                        "verify graphs take)")
     p.add_argument("--json", action="store_true", help="print JSON (for scripts) instead of lines for people")
     p.set_defaults(func=_cmd_generate)
 

@@ -179,5 +179,17 @@ def add_speculation_options(p: argparse.ArgumentParser, where: str) -> None:
                    help="--speculate: drafted tokens checked per verify step at most (default 4)")
 
 
-__all__ = ["print_json", "add_speculation_options", "int_list", "rate_list", "prompt_from_args", "emit_generation",
+def speculation_report(method: str, draft_tokens: int, result: Any, drafter: str | None = None) -> dict[str, Any]:
+    """What speculation did in a run (``result``: a GenerationResult): drafted and kept tokens, the acceptance rate,
+    verify steps and tokens per target step."""
+    made = sum(len(t) for t in result.tokens) - len(result.tokens)  # after each row's first (the prefill's)
+    steps = result.decode_steps
+    return {"method": method, "drafter": drafter, "draft_tokens": draft_tokens, "drafted": result.drafted,
+            "accepted": result.accepted,
+            "acceptance_rate": round(result.accepted / result.drafted, 4) if result.drafted else None,
+            "verify_steps": steps, "tokens_per_step": round(made / steps, 4) if steps else None}
+
+
+__all__ = ["print_json", "add_speculation_options", "speculation_report", "int_list", "rate_list", "prompt_from_args",
+           "emit_generation",
            "add_prompt_options", "add_dtype_option"]

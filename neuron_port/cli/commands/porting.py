@@ -14,6 +14,7 @@ from neuron_port.cli.commands.common import (
     emit_generation,
     int_list,
     prompt_from_args,
+    speculation_report,
     text_stream,
 )
 from neuron_port.cli.quant_flags import add_quant_option
@@ -133,12 +134,8 @@ def _drafter(args: argparse.Namespace, config: Any) -> Any:
 
 def _speculation(args: argparse.Namespace, result) -> dict[str, Any]:
     """What speculation did: drafted and kept tokens, the acceptance rate, and tokens per target step."""
-    made = sum(len(t) for t in result.tokens) - len(result.tokens)  # after each row's first (the prefill's)
-    return {"method": args.speculate, "drafter": (args.draft or "tiny, random weights") if args.speculate == "assistant"
-            else None, "draft_tokens": args.draft_tokens, "drafted": result.drafted,
-            "accepted": result.accepted, "acceptance_rate": round(result.accepted / result.drafted, 4) if result.drafted
-            else None, "verify_steps": result.decode_steps,
-            "tokens_per_step": round(made / result.decode_steps, 4) if result.decode_steps else None}
+    drafter = (args.draft or "tiny, random weights") if args.speculate == "assistant" else None
+    return speculation_report(args.speculate, args.draft_tokens, result, drafter)
 
 
 def _check_run(checked: CheckedRun, model, setup, shape, prompts: list[list[int]], result, args: argparse.Namespace,

@@ -23,14 +23,14 @@ from neuron_port.errors import MissingExtraError
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         from neuron_port.serve import build_app, load_served, serve
-        from neuron_port.serve.loading import check_speculation
+        from neuron_port.serve.loading import artifact_drafts, check_speculation
     except ImportError as exc:  # pragma: no cover - the serve extra is missing
         raise MissingExtraError(f"serving needs the 'serve' extra: pip install 'neuron-port[serve]' ({exc})") from None
 
     import torch
 
-    check_speculation(args.speculate, args.draft, args.draft_tokens, args.tiny, args.slim,
-                      Path(args.model, MANIFEST).exists())  # before the server starts: one line
+    check_speculation(args.speculate, args.draft, args.draft_tokens, args.tiny, args.slim,  # before the server starts
+                      artifact_drafts(args.model) if Path(args.model, MANIFEST).exists() else None)
     threads = args.threads or default_threads()
     torch.set_num_threads(threads)  # before the model loads: every graph runs with it
     print(f"neuron-port: {threads} torch thread{'s' if threads > 1 else ''} (--threads)", file=sys.stderr)
@@ -101,7 +101,7 @@ def add(sub) -> None:
                    help="KV lengths of a model built here: the longest is the context (prompt + new tokens)")
     add_dtype_option(p, "of a model's graphs, weights and KV store (an artifact keeps the dtype it was compiled in)")
     add_quant_option(p)
-    add_speculation_options(p, "a model built here, not an artifact; assistant without --slim")
+    add_speculation_options(p, "assistant on a model without --slim; ngram on an artifact compiled with --draft-tokens")
     p.set_defaults(func=_cmd_serve)
 
 
