@@ -61,9 +61,8 @@ def port_rows(name: str, tp: int, contexts: list[int], scale: int, drafts: list[
         kv = context // scale
         port, backend = xla_port(model, setup, PortShape(PROMPT, kv, draft_tokens=max(drafts)), decode_rows=())
         with torch.no_grad():  # as the scheduler runs xla graphs (autograd's bookkeeping would lower as copies)
-            inputs, store = port.example_inputs("prefill", PROMPT)
-            _, store = run_step(port.runners.prefill[PROMPT], inputs, store)  # the store, laid out on the device
-            _, store = run_step(port.runners.decode[kv], port.example_inputs("decode", kv)[0], store)
+            inputs, store = port.example_inputs("decode", kv)  # a zeroed store: the first call lays it on the device
+            _, store = run_step(port.runners.decode[kv], inputs, store)
             for k in drafts:
                 _, store = run_step(port.runners.verify[k + 1], port.example_inputs("verify", k + 1)[0], store)
         seen = backend.recorder.graphs

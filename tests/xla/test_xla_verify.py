@@ -38,24 +38,25 @@ def test_verify_graphs_on_xla_keep_greedy_tokens_and_write_only_their_rows():
         assert written == int(name.split("_")[1]) * report["hlo_traffic"]["decode_64"]["kv_write"] > 0, name
 
 
-def test_port_speculates_through_xla_with_the_tokens_it_gives_without():
-    """``port --backend xla --speculate ngram``: the same tokens as without speculation, drafts kept, and the verify
-    graphs lowered beside prefill and decode."""
+def test_port_speculates_through_xla_with_hugging_faces_tokens():
+    """``port --backend xla --speculate ngram``: Hugging Face's greedy tokens, drafts checked, and the verify graphs
+    lowered beside prefill and decode."""
     import json
     import os
     import subprocess
     import sys
 
-    def port(*extra: str) -> dict:
-        args = ["port", "gemma-4-e2b", "--tiny", "--backend", "xla", "--buckets", "16", "--kv-len", "64",
-                "--prompt-len", "12", "--max-new-tokens", "24", "--json", *extra]
-        proc = subprocess.run([sys.executable, "-m", "neuron_port", *args], capture_output=True, text=True,
-                              timeout=900, env={**os.environ, "PJRT_DEVICE": "CPU"})
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return json.loads(proc.stdout)
+    from neuron_port.generation.prompts import random_prompt
 
-    plain, drafted = port(), port("--speculate", "ngram", "--draft-tokens", "3")
-    assert drafted["tokens"] == plain["tokens"] and len(plain["tokens"]) == 24
+    args = ["port", "gemma-4-e2b", "--tiny", "--backend", "xla", "--buckets", "16", "--kv-len", "64", "--prompt-len",
+            "12", "--max-new-tokens", "24", "--json", "--speculate", "ngram", "--draft-tokens", "3"]
+    proc = subprocess.run([sys.executable, "-m", "neuron_port", *args], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PJRT_DEVICE": "CPU"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    drafted = json.loads(proc.stdout)
+    config = load_config("gemma-4-e2b", tiny=True)
+    prompt = random_prompt(config.vocab_size, 12, 0, config.bos_token_id)
+    assert drafted["tokens"] == reference_generate(build_model(config, seed=0), prompt, 24).tokens
     assert drafted["speculation"]["drafted"] > 0
     assert any(name.startswith("verify_") for name in drafted["xla"]["kv_tensors"])
 
